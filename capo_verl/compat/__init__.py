@@ -1,0 +1,128 @@
+"""The one place where capo-verl reaches into verl internals.
+
+Everything that depends on verl's private structure lives in this package, one module per concern:
+
+- :mod:`.advantage`  - ``old_log_probs``/``ref_log_prob`` reach batch-aware estimators through verl's own
+  ``compute_advantage``; the reference-policy gate; per-step estimator metrics into the trainer's metrics.
+- :mod:`.validation` - per-data-source calibration (``val-calib/...``) in the trainer's validation pass.
+- :mod:`.cpu`        - the CPU platform (gloo, no pinned memory, fake Ray GPUs) for running verl without
+  an accelerator.
+- :mod:`.rollout`    - registration of the ``hf`` rollout backend (transformers ``generate``).
+
+:func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
+i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
+that this package was not tested against (:data:`TESTED_VERL_VERSIONS`).
+
+Patches are applied with :func:`after_import`: right after verl executes the module that *defines* a
+name, so every module that later does ``from that.module import name`` binds the patched object.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+logger = logging.getLogger("capo_verl")
+
+TESTED_VERL_VERSIONS = ("0.9.1",)
+
+#: The exception that stopped :func:`install`, if any; error messages elsewhere quote it.
+INSTALL_ERROR: BaseException | None = None
+_installed = False
+
+
+def check_verl_version() -> str:
+    """Return verl's version; raise RuntimeError if it is not in :data:`TESTED_VERL_VERSIONS`."""
+    import verl
+
+    version = getattr(verl, "__version__", "unknown")
+    if version not in TESTED_VERL_VERSIONS:
+        raise RuntimeError(
+            f"capo-verl patches verl internals and is tested against verl {', '.join(TESTED_VERL_VERSIONS)} "
+            f"only, but verl {version} is installed. Install a tested release (pip install verl==0.9.1) "
+            "or port capo_verl/compat to this release and add it to TESTED_VERL_VERSIONS."
+        )
+    return version
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then applies the patches registered for the module."""
+
+    def __init__(self, loader, patches: list[Callable[[ModuleType], None]]):
+        self._loader = loader
+        self._patches = patches
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        for patch in self._patches:
+            patch(module)
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, ... of the real loader
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, self.pending.pop(fullname))
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def after_import(module_name: str, patch: Callable[[ModuleType], None]) -> None:
+    """Run ``patch(module)`` right after verl's ``module_name`` is executed (now, if it already was).
+
+    Raises whatever ``patch`` raises when applied immediately; a patch applied later at import time
+    raises from that import, so a mismatch with verl's code fails loudly where it happens.
+    """
+    if module_name in sys.modules:
+        patch(sys.modules[module_name])
+        return
+    _finder.pending.setdefault(module_name, []).append(patch)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def install() -> None:
+    """Install every patch of this package into verl (idempotent).
+
+    Raises:
+        RuntimeError: verl's version is untested, or one of the patches no longer fits verl's code.
+            The error is also kept in :data:`INSTALL_ERROR` and logged at ERROR level, because verl's
+            plugin loader swallows plugin exceptions at DEBUG level.
+    """
+    global _installed, INSTALL_ERROR
+    if _installed:
+        return
+    try:
+        check_verl_version()
+        from . import advantage, cpu, rollout, validation
+
+        for part in (advantage, validation, cpu, rollout):
+            part.install()
+    except Exception as exc:
+        INSTALL_ERROR = exc
+        logger.error("capo-verl could not install itself into verl: %s", exc, exc_info=True)
+        raise
+    _installed = True
