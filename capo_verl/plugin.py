@@ -7,6 +7,9 @@ registered estimators, with nothing for the user to import.
 
 from capo_verl import compat
 
-compat.install()
-
-import capo_verl.estimator  # noqa: E402,F401  registers `capo` and `grpo_mask` with verl
+try:
+    compat.install()
+finally:
+    # Registered even when install() failed: a run that asks for `capo` then stops with the install error
+    # (verl's plugin loader hides plugin exceptions at DEBUG level; compat.install logs it at ERROR).
+    import capo_verl.estimator  # noqa: F401  registers `capo` and `grpo_mask` with verl

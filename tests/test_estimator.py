@@ -1,0 +1,227 @@
+"""The CAPO estimator against hand computations of Eq. 14 and its properties."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from capo_verl.compat.advantage import pop_step_metrics
+from capo_verl.estimator import CapoConfig, compute_capo_outcome_advantage
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def make_batch(lpms, correct, lengths=None, T=6, reward_scale=(0.0, 1.0)):
+    """Responses with constant per-token log-prob lpm_i over `lengths[i]` valid tokens."""
+    bs = len(lpms)
+    lengths = lengths or [T] * bs
+    mask = torch.zeros(bs, T)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    log_probs = torch.tensor(lpms, dtype=torch.float32).unsqueeze(1).expand(bs, T).clone()
+    rewards = torch.zeros(bs, T)
+    for i, c in enumerate(correct):
+        if lengths[i]:
+            rewards[i, lengths[i] - 1] = reward_scale[1] if c else reward_scale[0]
+    return rewards, mask, log_probs
+
+
+def capo(rewards, mask, index, log_probs, ref=None, **capo_cfg):
+    capo_cfg.setdefault("use_mask", ref is not None)
+    adv, ret = compute_capo_outcome_advantage(
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=np.asarray(index, dtype=object),
+        config={"capo": capo_cfg},
+        old_log_probs=log_probs,
+        ref_log_prob=ref,
+    )
+    assert adv is ret
+    return adv
+
+
+def seq(adv, mask):
+    """Sequence value of a broadcast advantage (checks it is constant on valid tokens, 0 on padding)."""
+    out = []
+    for a, m in zip(adv, mask):
+        valid = a[m.bool()]
+        assert torch.all(a[~m.bool()] == 0)
+        if len(valid):
+            assert torch.allclose(valid, valid[0].expand_as(valid))
+        out.append(float(valid[0]) if len(valid) else 0.0)
+    return np.array(out)
+
+
+def test_hand_computed_group_of_four():
+    # correct: lpm -0.1, -0.5 ; incorrect: -0.2, -0.3 ; tau = 0.6
+    lpms, correct, tau = [-0.1, -0.5, -0.2, -0.3], [1, 1, 0, 0], 0.6
+    r, m, lp = make_batch(lpms, correct)
+    got = seq(capo(r, m, ["q"] * 4, lp, tau=tau), m)
+    w = {(i, j): sig(-(lpms[i] - lpms[j]) / tau) for i in (0, 1) for j in (2, 3)}
+    expected = [w[0, 2] + w[0, 3], w[1, 2] + w[1, 3], -(w[0, 2] + w[1, 2]), -(w[0, 3] + w[1, 3])]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    # the misranked correct response (-0.5 < both incorrect) gets the larger push
+    assert got[1] > got[0] > 0
+
+
+def test_two_groups_interleaved_ragged_and_group_normalize():
+    # group a: 3 responses (1 correct), group b: 2 responses (1 correct), interleaved
+    lpms = [-1.0, -0.2, -0.4, -0.9, -0.7]
+    correct = [1, 1, 0, 0, 0]
+    index = ["a", "b", "a", "b", "a"]
+    r, m, lp = make_batch(lpms, correct)
+    tau = 0.5
+    got = seq(capo(r, m, index, lp, tau=tau, normalize="group"), m)
+    wa2, wa4 = sig(-(-1.0 + 0.4) / tau), sig(-(-1.0 + 0.7) / tau)
+    wb = sig(-(-0.2 + 0.9) / tau)
+    expected = [(wa2 + wa4) / 3, wb / 2, -wa2 / 3, -wb / 2, -wa4 / 3]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_unmixed_groups_and_empty_responses_get_zero():
+    lpms = [-0.1, -0.2, -0.3, -0.4, -0.5, -0.6]
+    correct = [1, 1, 0, 0, 1, 0]
+    index = ["all_right", "all_right", "all_wrong", "all_wrong", "mixed", "mixed"]
+    r, m, lp = make_batch(lpms, correct, lengths=[6, 6, 6, 6, 6, 0])
+    lp[5] = float("nan")  # an empty response's log-probs are never used
+    got = seq(capo(r, m, index, lp), m)
+    assert np.all(got == 0.0)  # the only mixed group's incorrect member has no valid token: no pair
+
+
+def test_tau_to_infinity_is_half_dr_grpo():
+    rng = np.random.default_rng(0)
+    bs, G = 32, 8
+    lpms = rng.normal(-1, 0.5, bs).tolist()
+    correct = rng.integers(0, 2, bs).tolist()
+    index = [f"q{i // G}" for i in range(bs)]
+    r, m, lp = make_batch(lpms, correct)
+    got = seq(capo(r, m, index, lp, tau=1e7, normalize="group"), m)
+    R = np.array(correct, dtype=float).reshape(-1, G)
+    dr_grpo = (R - R.mean(1, keepdims=True)).reshape(-1)
+    np.testing.assert_allclose(got, dr_grpo / 2, atol=1e-5)
+
+
+def test_tau_to_zero_counts_misranked_pairs():
+    lpms = [-0.1, -0.9, -0.5, -0.3, -0.95]
+    correct = [1, 1, 0, 0, 0]
+    r, m, lp = make_batch(lpms, correct)
+    got = seq(capo(r, m, ["q"] * 5, lp, tau=1e-6), m)
+    # correct i: number of incorrect j ranked above it; incorrect j: -number of correct ranked below it
+    expected = [0, 2, -1, -1, 0]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_permutation_equivariance_and_signs():
+    rng = np.random.default_rng(1)
+    bs = 40
+    lpms = rng.normal(-1, 0.3, bs).tolist()
+    correct = rng.integers(0, 2, bs).tolist()
+    index = [f"q{rng.integers(0, 6)}" for _ in range(bs)]  # ragged, interleaved groups
+    lengths = rng.integers(1, 7, bs).tolist()
+    r, m, lp = make_batch(lpms, correct, lengths=lengths)
+    base = seq(capo(r, m, index, lp), m)
+    perm = rng.permutation(bs)
+    permuted = seq(capo(r[perm], m[perm], [index[i] for i in perm], lp[perm]), m[perm])
+    np.testing.assert_allclose(permuted, base[perm], rtol=1e-6, atol=1e-7)
+    c = np.array(correct, bool)
+    assert np.all(base[c] >= 0) and np.all(base[~c] <= 0)
+
+
+def test_shift_of_all_lpm_in_a_group_changes_nothing():
+    rng = np.random.default_rng(2)
+    lpms = rng.normal(-1, 0.3, 8)
+    correct = [1, 0, 1, 0, 0, 1, 0, 1]
+    r, m, lp = make_batch(lpms.tolist(), correct)
+    r2, m2, lp2 = make_batch((lpms - 0.75).tolist(), correct)
+    np.testing.assert_allclose(seq(capo(r, m, ["q"] * 8, lp), m), seq(capo(r2, m2, ["q"] * 8, lp2), m2), atol=1e-5)
+
+
+def test_plus_minus_one_rewards_match_zero_one():
+    lpms, correct = [-0.3, -0.6, -0.2, -0.8], [1, 0, 0, 1]
+    r01, m, lp = make_batch(lpms, correct)
+    rpm, _, _ = make_batch(lpms, correct, reward_scale=(-1.0, 1.0))
+    np.testing.assert_allclose(seq(capo(r01, m, ["q"] * 4, lp), m), seq(capo(rpm, m, ["q"] * 4, lp), m))
+
+
+def test_noise_mask_zeroes_own_advantage_but_keeps_opponent():
+    lpms, correct = [-0.2, -0.4, -0.3, -0.5], [1, 1, 0, 0]
+    r, m, lp = make_batch(lpms, correct)
+    # reference PPL: 3.0 (correct, > ref_high -> masked), 1.5, 1.02 (incorrect, < ref_low -> masked), 1.5
+    ref_ppl = torch.tensor([3.0, 1.5, 1.02, 1.5])
+    ref = (-torch.log(ref_ppl)).unsqueeze(1).expand_as(lp).clone()
+    unmasked = seq(capo(r, m, ["q"] * 4, lp, tau=0.6), m)
+    masked = seq(capo(r, m, ["q"] * 4, lp, ref=ref, tau=0.6, ref_high=2.5, ref_low=1.05), m)
+    np.testing.assert_allclose(masked, unmasked * np.array([0, 1, 0, 1]), rtol=1e-6)
+    metrics = pop_step_metrics()
+    assert metrics["capo/mask_frac_correct"] == 0.5 and metrics["capo/mask_frac_incorrect"] == 0.5
+    np.testing.assert_allclose(metrics["capo/ref_ppl_correct_q75"], np.quantile([3.0, 1.5], 0.75), rtol=1e-5)
+    np.testing.assert_allclose(metrics["capo/ref_ppl_incorrect_q25"], np.quantile([1.02, 1.5], 0.25), rtol=1e-5)
+
+
+def test_lpm_is_masked_mean_and_float32_output():
+    T = 5
+    lp = torch.tensor([[-1.0, -3.0, -100.0, -100.0, -100.0], [-2.0, -2.0, -2.0, -2.0, -2.0]], dtype=torch.bfloat16)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
+    r = torch.zeros(2, T)
+    r[0, 1] = 1.0
+    adv = capo(r, mask, ["q", "q"], lp, tau=1.0)
+    assert adv.dtype == torch.float32 and adv.shape == (2, T)
+    # lpm = (-2, -2): w = sigmoid(0) = 0.5
+    np.testing.assert_allclose(seq(adv, mask), [0.5, -0.5])
+
+
+def test_step_metrics_recorded():
+    lpms, correct = [-0.1, -0.5, -0.2, -0.3, -1.0, -1.1], [1, 1, 0, 0, 1, 1]
+    r, m, lp = make_batch(lpms, correct)
+    pop_step_metrics()
+    capo(r, m, ["a"] * 4 + ["b"] * 2, lp)
+    metrics = pop_step_metrics()
+    assert metrics["capo/auc_mean"] == pytest.approx(0.5)  # -0.1 beats both, -0.5 beats none
+    assert metrics["capo/mixed_group_frac"] == pytest.approx(0.5)
+    assert metrics["capo/lpm_correct_mean"] == pytest.approx(np.mean([-0.1, -0.5, -1.0, -1.1]), rel=1e-6)
+    assert metrics["capo/lpm_incorrect_mean"] == pytest.approx(-0.25, rel=1e-6)
+    assert "capo/mask_frac_correct" not in metrics  # mask off
+
+
+# --- bad input: each error names the key and the fix ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"tau": 0.0}, "algorithm.capo.tau"),
+        ({"tau": -1.0}, "algorithm.capo.tau"),
+        ({"ref_low": 0.0}, "algorithm.capo.ref_low"),
+        ({"ref_high": -2.5}, "algorithm.capo.ref_high"),
+        ({"normalize": "batch"}, "algorithm.capo.normalize"),
+        ({"tua": 0.5}, "algorithm.capo.tua"),
+    ],
+)
+def test_bad_config(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        CapoConfig.from_algorithm_config({"capo": cfg})
+
+
+def test_missing_inputs_raise_named_errors():
+    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+    idx = np.array(["q", "q"], dtype=object)
+    with pytest.raises(ValueError, match="uid"):
+        compute_capo_outcome_advantage(r, m, None, {"capo": {"use_mask": False}}, old_log_probs=lp)
+    with pytest.raises(ValueError, match="old_log_probs"):
+        compute_capo_outcome_advantage(r, m, idx, {"capo": {"use_mask": False}})
+    with pytest.raises(ValueError, match="ref_log_prob.*use_mask=false"):
+        compute_capo_outcome_advantage(r, m, idx, None, old_log_probs=lp)
+    bad = lp.clone()
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match="old_log_probs has NaN or inf"):
+        compute_capo_outcome_advantage(r, m, idx, {"capo": {"use_mask": False}}, old_log_probs=bad)
+    with pytest.raises(ValueError, match="ref_log_prob has NaN or inf"):
+        compute_capo_outcome_advantage(r, m, idx, None, old_log_probs=lp, ref_log_prob=bad)
+
+
+def test_rollout_log_probs_used_when_old_absent():
+    r, m, lp = make_batch([-0.1, -0.5], [0, 1])
+    a = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, rollout_log_probs=lp)[0]
+    b = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, old_log_probs=lp)[0]
+    assert torch.equal(a, b)
