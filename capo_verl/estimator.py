@@ -126,13 +126,16 @@ class CapoConfig:
         return cls(**{k: section[k] for k in section})
 
 
-def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_mean(
+    values: torch.Tensor, response_mask: torch.Tensor, key: str, mask_f32: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over each response's valid tokens, accumulated in float32.
 
     Args:
         values: ``(bs, response_length)`` per-token log-probs (nats), any float dtype.
         response_mask: ``(bs, response_length)`` 1 for valid tokens (bool/int/float).
         key: the batch key of ``values``, for error messages.
+        mask_f32: optionally ``response_mask`` already converted to float32 (saves a pass).
 
     Returns:
         ``(mean, n_valid)``: ``(bs,)`` float32 mean (0 where a response has no valid token) and
@@ -143,12 +146,14 @@ def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -
     """
     if values.shape != response_mask.shape:
         raise ValueError(f"{key} has shape {tuple(values.shape)} but response_mask {tuple(response_mask.shape)}")
-    mask = response_mask.to(torch.float32)
+    mask = response_mask.to(torch.float32) if mask_f32 is None else mask_f32
     n_valid = mask.sum(-1)
-    total = (values.to(torch.float32) * mask).sum(-1)
+    values = values.to(torch.float32)
+    # Row-wise dot product with the mask: a batched GEMV, no (bs, response_length) temporary.
+    total = torch.bmm(values.unsqueeze(1), mask.unsqueeze(2)).view(-1)
     if not torch.isfinite(total).all():
         # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
-        total = torch.where(mask.bool(), values.to(torch.float32), 0.0).sum(-1)
+        total = torch.where(mask.bool(), values, 0.0).sum(-1)
         bad = ~torch.isfinite(total)
         if bad.any():
             rows = bad.nonzero().flatten()[:5].tolist()
@@ -275,7 +280,7 @@ def _behaviour_log_probs(old_log_probs, rollout_log_probs):
     )
 
 
-def _reference_ppl(ref_log_prob, response_mask, estimator):
+def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None):
     if ref_log_prob is None:
         raise ValueError(
             f"{estimator} with algorithm.capo.use_mask=true needs 'ref_log_prob' (reference-model log-probs) in "
@@ -283,7 +288,7 @@ def _reference_ppl(ref_log_prob, response_mask, estimator):
             "you disabled it, configure actor_rollout_ref.ref, or set algorithm.capo.use_mask=false to train "
             "without the noise mask (when calling directly, pass ref_log_prob=(bs, response_length))"
         )
-    ref_lpm, _ = sequence_mean(ref_log_prob, response_mask, "ref_log_prob")
+    ref_lpm, _ = sequence_mean(ref_log_prob, response_mask, "ref_log_prob", mask_f32)
     return torch.exp(-ref_lpm)
 
 
@@ -330,7 +335,9 @@ def compute_capo_outcome_advantage(
     gid_np, n_groups = group_ids(index, bs)
     log_probs, lp_key = _behaviour_log_probs(old_log_probs, rollout_log_probs)
 
-    lpm, n_valid = sequence_mean(log_probs, response_mask, lp_key)
+    # float32 copy of the mask: reused by both masked means, then overwritten in place by the output.
+    out = response_mask.to(torch.float32, copy=True)
+    lpm, n_valid = sequence_mean(log_probs, response_mask, lp_key, out)
     valid = n_valid > 0
     _, correct = _outcome(token_level_rewards, cfg.reward_threshold)
     gid = torch.from_numpy(gid_np).to(lpm.device)
@@ -338,11 +345,11 @@ def compute_capo_outcome_advantage(
     adv = capo_pairwise_advantages(lpm, correct, valid, gid, n_groups, cfg.tau, cfg.normalize)
     keep = ref_ppl = None
     if cfg.use_mask:
-        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "capo")
+        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "capo", out)
         keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
         adv = adv * keep
     elif ref_log_prob is not None:
-        ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob")[0])
+        ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob", out)[0])
 
     record_step_metrics(
         capo_step_metrics(
@@ -355,7 +362,7 @@ def compute_capo_outcome_advantage(
             keep=None if keep is None else keep.numpy(force=True),
         )
     )
-    advantages = adv.unsqueeze(-1) * response_mask.to(torch.float32)
+    advantages = out.mul_(adv.unsqueeze(-1))  # (bs, T): A_i on valid tokens, 0 on padding
     return advantages, advantages
 
 

@@ -1,0 +1,103 @@
+"""Speed of the `capo` estimator through verl's compute_advantage, as ratios measured in one run.
+
+Compares, on the same batch:
+  capo      - algorithm.adv_estimator=capo with the noise mask on (old_log_probs + ref_log_prob)
+  grpo      - verl's own grpo estimator (core_algos.compute_grpo_outcome_advantage)
+  floor     - one masked-mean pass over old_log_probs plus writing the (bs, T) output
+and prints capo/grpo (goal <= 0.5) and capo/floor (goal <= 2.0), plus the peak extra memory of capo
+beyond its inputs (no (bs, bs) matrix: O(bs * G)).
+
+    python benchmarks/capo_speed.py            # both shapes of the goal
+    python benchmarks/capo_speed.py --quick    # small shapes, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import tracemalloc
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+import capo_verl  # noqa: F401  (loads the plugin)
+from capo_verl.compat.advantage import pop_step_metrics
+from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.utils.torch_functional import masked_mean
+
+
+def make_batch(bs: int, T: int, G: int, seed: int = 0) -> DataProto:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(T // 4, T + 1, (bs,), generator=g)
+    response_mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
+    rewards = torch.zeros(bs, T)
+    rewards[torch.arange(bs), lengths - 1] = (torch.rand(bs, generator=g) < 0.5).float()
+    uids = np.array([f"uid-{i // G}" for i in range(bs)], dtype=object)
+    perm = torch.randperm(bs, generator=g)
+    return DataProto.from_dict(
+        tensors={
+            "token_level_rewards": rewards[perm],
+            "response_mask": response_mask[perm],
+            "old_log_probs": (torch.randn(bs, T, generator=g) * 0.5 - 1.0)[perm],
+            "ref_log_prob": (torch.randn(bs, T, generator=g) * 0.3 - 0.5)[perm],
+        },
+        non_tensors={"uid": uids[perm.numpy()]},
+    )
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def run(bs: int, T: int, G: int, repeats: int) -> None:
+    data = make_batch(bs, T, G)
+    capo_cfg = OmegaConf.create({"adv_estimator": "capo", "capo": {"use_mask": True}})
+    grpo_cfg = OmegaConf.create({"adv_estimator": "grpo"})
+
+    def capo():
+        compute_advantage(data, adv_estimator="capo", config=capo_cfg)
+        pop_step_metrics()
+
+    def grpo():
+        compute_advantage(data, adv_estimator="grpo", config=grpo_cfg)
+
+    def floor():
+        lpm = masked_mean(data.batch["old_log_probs"], data.batch["response_mask"], axis=-1)
+        return lpm.unsqueeze(-1) * data.batch["response_mask"]
+
+    t_capo, t_grpo, t_floor = best_of(capo, repeats), best_of(grpo, repeats), best_of(floor, repeats)
+
+    tracemalloc.start()  # torch CPU tensors are not tracked; this checks numpy/python-side growth only
+    capo()
+    _, py_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+
+    print(
+        f"bs={bs:5d} T={T:5d} G={G:3d} | capo {t_capo * 1e3:8.1f} ms  grpo {t_grpo * 1e3:8.1f} ms  "
+        f"floor {t_floor * 1e3:8.1f} ms | capo/grpo {t_capo / t_grpo:5.2f} (goal <= 0.5)  "
+        f"capo/floor {t_capo / t_floor:5.2f} (goal <= 2.0) | pairwise table {bs * G * 4 / 2**20:.1f} MiB, "
+        f"python-side peak {py_peak / 2**20:.1f} MiB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small shapes only")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    shapes = [(256, 512, 8)] if args.quick else [(1024, 3046, 8), (8192, 1024, 64)]
+    for bs, T, G in shapes:
+        run(bs, T, G, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
