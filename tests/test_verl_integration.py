@@ -231,3 +231,19 @@ def test_capo_override_reaches_the_estimator():
 
     assert CapoConfig.from_algorithm_config(config.algorithm).tau == 0.5
     assert CapoConfig.from_algorithm_config(compose_verl("algorithm.adv_estimator=capo").algorithm) == CapoConfig()
+
+
+def test_capo_metrics_reach_legacy_trainer_data_metrics():
+    """Legacy RayPPOTrainer.fit: compute_advantage(...) then metrics.update(compute_data_metrics(batch=...))."""
+    data = make_dataproto()
+    bs, T = data.batch["response_mask"].shape
+    data.batch["token_level_scores"] = data.batch["token_level_rewards"]
+    data.batch["prompts"] = torch.ones(bs, 4, dtype=torch.int64)
+    data.batch["responses"] = torch.ones(bs, T, dtype=torch.int64)
+    data.batch["attention_mask"] = torch.cat([torch.ones(bs, 4, dtype=torch.int64), data.batch["response_mask"]], 1)
+    pop_step_metrics()
+    data = ray_trainer.compute_advantage(data, adv_estimator="capo", config=algo_config(ref_high=1.5, ref_low=1.5))
+    metrics = ray_trainer.compute_data_metrics(batch=data, use_critic=False)
+    assert "critic/advantages/mean" in metrics  # verl's own metrics are still there
+    assert {"capo/auc_mean", "capo/mask_frac_correct", "capo/adv_abs_mean"} <= set(metrics)
+    assert ray_trainer.compute_data_metrics(batch=data, use_critic=False).keys().isdisjoint({"capo/auc_mean"})

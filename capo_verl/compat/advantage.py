@@ -199,6 +199,7 @@ def _patch_v1_trainer(trainer_base) -> None:
 
 
 def install() -> None:
+    """Register this module's patches with :func:`capo_verl.compat.after_import` (applied at verl's import)."""
     after_import("verl.trainer.ppo.utils", _patch_need_reference_policy)
     after_import("verl.trainer.ppo.ray_trainer", _patch_compute_advantage)
     after_import("verl.trainer.ppo.v1.trainer_base", _patch_v1_trainer)
