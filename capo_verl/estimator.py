@@ -126,16 +126,13 @@ class CapoConfig:
         return cls(**{k: section[k] for k in section})
 
 
-def sequence_mean(
-    values: torch.Tensor, response_mask: torch.Tensor, key: str, mask_f32: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over each response's valid tokens, accumulated in float32.
+def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over each response's valid tokens, accumulated in float32 (e.g. lpm from ``old_log_probs``).
 
     Args:
         values: ``(bs, response_length)`` per-token log-probs (nats), any float dtype.
         response_mask: ``(bs, response_length)`` 1 for valid tokens (bool/int/float).
         key: the batch key of ``values``, for error messages.
-        mask_f32: optionally ``response_mask`` already converted to float32 (saves a pass).
 
     Returns:
         ``(mean, n_valid)``: ``(bs,)`` float32 mean (0 where a response has no valid token) and
@@ -144,16 +141,21 @@ def sequence_mean(
     Raises:
         ValueError: on a shape mismatch, or a NaN/inf at a valid position (padding is ignored).
     """
-    if values.shape != response_mask.shape:
-        raise ValueError(f"{key} has shape {tuple(values.shape)} but response_mask {tuple(response_mask.shape)}")
-    mask = response_mask.to(torch.float32) if mask_f32 is None else mask_f32
+    mask = response_mask.to(torch.float32)
     n_valid = mask.sum(-1)
+    return _masked_row_mean(values, mask, n_valid, key), n_valid
+
+
+def _masked_row_mean(values, mask_f32, n_valid, key):
+    """``sequence_mean`` on a mask already in float32 with its row counts (each costs a pass to make)."""
+    if values.shape != mask_f32.shape:
+        raise ValueError(f"{key} has shape {tuple(values.shape)} but response_mask {tuple(mask_f32.shape)}")
     values = values.to(torch.float32)
     # Row-wise dot product with the mask: a batched GEMV, no (bs, response_length) temporary.
-    total = torch.bmm(values.unsqueeze(1), mask.unsqueeze(2)).view(-1)
+    total = torch.bmm(values.unsqueeze(1), mask_f32.unsqueeze(2)).view(-1)
     if not torch.isfinite(total).all():
         # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
-        total = torch.where(mask.bool(), values, 0.0).sum(-1)
+        total = torch.where(mask_f32.bool(), values, 0.0).sum(-1)
         bad = ~torch.isfinite(total)
         if bad.any():
             rows = bad.nonzero().flatten()[:5].tolist()
@@ -161,7 +163,7 @@ def sequence_mean(
                 f"{key} has NaN or inf at valid tokens of {int(bad.sum())} response(s) (rows {rows}...); "
                 f"check the log-prob computation that produced {key}"
             )
-    return total / n_valid.clamp_min(1.0), n_valid
+    return total / n_valid.clamp_min(1.0)
 
 
 def group_ids(index, bs: int) -> tuple[np.ndarray, int]:
@@ -280,7 +282,7 @@ def _behaviour_log_probs(old_log_probs, rollout_log_probs):
     )
 
 
-def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None):
+def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None, n_valid=None):
     if ref_log_prob is None:
         raise ValueError(
             f"{estimator} with algorithm.capo.use_mask=true needs 'ref_log_prob' (reference-model log-probs) in "
@@ -288,7 +290,10 @@ def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None):
             "you disabled it, configure actor_rollout_ref.ref, or set algorithm.capo.use_mask=false to train "
             "without the noise mask (when calling directly, pass ref_log_prob=(bs, response_length))"
         )
-    ref_lpm, _ = sequence_mean(ref_log_prob, response_mask, "ref_log_prob", mask_f32)
+    if mask_f32 is None:
+        ref_lpm, _ = sequence_mean(ref_log_prob, response_mask, "ref_log_prob")
+    else:
+        ref_lpm = _masked_row_mean(ref_log_prob, mask_f32, n_valid, "ref_log_prob")
     return torch.exp(-ref_lpm)
 
 
@@ -337,7 +342,12 @@ def compute_capo_outcome_advantage(
 
     # float32 copy of the mask: reused by both masked means, then overwritten in place by the output.
     out = response_mask.to(torch.float32, copy=True)
-    lpm, n_valid = sequence_mean(log_probs, response_mask, lp_key, out)
+    if out.shape != token_level_rewards.shape:
+        raise ValueError(
+            f"response_mask has shape {tuple(out.shape)} but token_level_rewards {tuple(token_level_rewards.shape)}"
+        )
+    n_valid = out.sum(-1)
+    lpm = _masked_row_mean(log_probs, out, n_valid, lp_key)
     valid = n_valid > 0
     _, correct = _outcome(token_level_rewards, cfg.reward_threshold)
     gid = torch.from_numpy(gid_np).to(lpm.device)
@@ -345,11 +355,11 @@ def compute_capo_outcome_advantage(
     adv = capo_pairwise_advantages(lpm, correct, valid, gid, n_groups, cfg.tau, cfg.normalize)
     keep = ref_ppl = None
     if cfg.use_mask:
-        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "capo", out)
+        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "capo", out, n_valid)
         keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
         adv = adv * keep
     elif ref_log_prob is not None:
-        ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob", out)[0])
+        ref_ppl = torch.exp(-_masked_row_mean(ref_log_prob, out, n_valid, "ref_log_prob"))
 
     record_step_metrics(
         capo_step_metrics(
