@@ -1,0 +1,121 @@
+# Shared launcher of scripts/run_*.sh (sourced, not run). Builds one `python -m verl.trainer.main_ppo` command
+# from a config of configs/, the paths below and the caller's extra Hydra overrides, then runs it (or, with
+# --dry-run, prints it and the resolved, validated config without starting anything).
+#
+# Variables (set them once, e.g. in ~/.bashrc; all optional):
+#   CAPO_DATA_DIR     folder written by `capo-verl prepare-data`          (default: $HOME/data/capo)
+#   CAPO_CKPT_DIR     checkpoints: $CAPO_CKPT_DIR/<project>/<experiment>   (default: $HOME/checkpoints/capo)
+#   CAPO_MODEL_1_5B   model for the 1.5B runs, HF id or local folder       (default: Qwen/Qwen2.5-Math-1.5B)
+#   CAPO_MODEL_7B     model for the 7B runs                                 (default: Qwen/Qwen2.5-Math-7B)
+#   CAPO_VAL_SETS     validation sets, names of parquet files in CAPO_DATA_DIR
+#                     (default: "deepscaler_val aime24 aime25"; add math500 amc23 minerva_math olympiadbench)
+#   NNODES            nodes of the Ray cluster used by the run              (default: 1)
+#   N_GPUS_PER_NODE   GPUs per node                                         (default: 8)
+#   PYTHON            Python of the environment with capo-verl installed    (default: python3)
+#   RAY_ADDRESS       set it (e.g. "auto") to run on an existing Ray cluster; unset: a local Ray instance
+#
+# Multi-node: start Ray on every node first (head: `ray start --head --port=6379`; others:
+# `ray start --address=<head-ip>:6379`), with this repository's environment and the same paths (shared
+# file system for CAPO_DATA_DIR and CAPO_CKPT_DIR) everywhere, then on the head node:
+#   NNODES=2 RAY_ADDRESS=auto bash scripts/run_capo_qwen2.5_math_7b.sh
+
+_CAPO_SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+_CAPO_REPO_DIR="$(cd "${_CAPO_SCRIPTS_DIR}/.." && pwd)"
+CAPO_CONFIG_DIR="${_CAPO_REPO_DIR}/configs"
+
+_capo_usage() {
+    cat <<EOF
+usage: $(basename "$0") [--dry-run] [HYDRA_OVERRIDE ...]
+
+Runs: python -m verl.trainer.main_ppo --config-path=${CAPO_CONFIG_DIR} --config-name=$1
+  --dry-run        print the exact command and the resolved, validated config; start nothing
+  HYDRA_OVERRIDE   passed through to verl, e.g. trainer.total_training_steps=10 trainer.logger=[console]
+                   (CAPO configs also take ablation=<name>, see configs/ablation/)
+
+Paths and cluster size come from CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B, CAPO_MODEL_7B,
+CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS (see scripts/_common.sh).
+EOF
+}
+
+# capo_launch CONFIG_NAME MODEL_PATH [--dry-run] [HYDRA_OVERRIDE ...]
+capo_launch() {
+    local config_name="$1" model_path="$2"
+    shift 2
+    local dry_run=0 arg
+    local -a overrides=()
+    for arg in "$@"; do
+        case "$arg" in
+            --dry-run) dry_run=1 ;;
+            -h | --help) _capo_usage "$config_name"; return 0 ;;
+            --*) echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2; _capo_usage "$config_name" >&2; return 2 ;;
+            *) overrides+=("$arg") ;;
+        esac
+    done
+
+    local python="${PYTHON:-python3}"
+    local data_dir="${CAPO_DATA_DIR:-$HOME/data/capo}"
+    local ckpt_dir="${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}"
+    local val_sets="${CAPO_VAL_SETS:-deepscaler_val aime24 aime25}"
+    local nnodes="${NNODES:-1}" gpus="${N_GPUS_PER_NODE:-8}"
+
+    local train_file="${data_dir}/deepscaler_train.parquet"
+    local -a val_files=() missing=()
+    local name
+    for name in $val_sets; do val_files+=("${data_dir}/${name}.parquet"); done
+    if [ "${#val_files[@]}" -eq 0 ]; then
+        echo "error: CAPO_VAL_SETS is empty; name at least one parquet file of ${data_dir}" >&2
+        return 2
+    fi
+    local val_list
+    val_list="[$(IFS=,; echo "${val_files[*]}")]"
+    for name in "$train_file" "${val_files[@]}"; do [ -f "$name" ] || missing+=("$name"); done
+
+    local -a cmd=(
+        "$python" -m verl.trainer.main_ppo
+        "--config-path=${CAPO_CONFIG_DIR}"
+        "--config-name=${config_name}"
+        "actor_rollout_ref.model.path=${model_path}"
+        "data.train_files=${train_file}"
+        "data.val_files=${val_list}"
+        "trainer.default_local_dir=${ckpt_dir}/\${trainer.project_name}/\${trainer.experiment_name}"
+        "trainer.nnodes=${nnodes}"
+        "trainer.n_gpus_per_node=${gpus}"
+        "${overrides[@]}"
+    )
+
+    if [ "$dry_run" -eq 1 ]; then
+        echo "# command (dry run: nothing started):"
+        printf '%q ' "${cmd[@]}"
+        echo
+        if [ -n "${RAY_ADDRESS:-}" ]; then echo "# Ray: existing cluster at RAY_ADDRESS=${RAY_ADDRESS}"; fi
+        for name in "${missing[@]}"; do
+            echo "# warning: ${name} does not exist yet: run \`capo-verl prepare-data --out-dir ${data_dir}\`"
+        done
+        echo "# resolved config (composed like verl.trainer.main_ppo, checked with verl's validate_config):"
+        "$python" - "${CAPO_CONFIG_DIR}" "${cmd[@]:4}" <<'PY'
+import sys
+
+import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat) like verl's launcher does
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+
+config_dir, name_arg, *overrides = sys.argv[1:]
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    cfg = compose(config_name=name_arg.split("=", 1)[1], overrides=overrides)
+validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+print(OmegaConf.to_yaml(cfg, resolve=True))
+PY
+        return $?
+    fi
+
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "error: missing data file(s): ${missing[*]}" >&2
+        echo "       run \`capo-verl prepare-data --out-dir ${data_dir}\` (or set CAPO_DATA_DIR / CAPO_VAL_SETS)" >&2
+        return 2
+    fi
+    export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
+    echo "+ $(printf '%q ' "${cmd[@]}")"
+    "${cmd[@]}"
+}
