@@ -1,0 +1,215 @@
+"""capo_verl.reward.compute_score: gold solutions of MATH-500, Minerva and GSM8K score 1.0, wrong answers 0.0,
+the forms graders usually get wrong, thread safety and the time bound on a pathological answer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from capo_verl import reward
+from capo_verl.reward import compute_score, extract_answer, last_boxed, normalize_answer
+
+BENCH = Path(reward.__file__).resolve().parent / "resources" / "benchmarks"
+
+
+def load(name: str) -> list[dict]:
+    with open(BENCH / name) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# --- real benchmark solutions ---------------------------------------------------------------------------
+def test_math500_gold_solutions_score_one():
+    rows = load("math500.jsonl")
+    assert len(rows) == 500
+    failed = [(r["answer"], compute_score("math500", r["solution"], r["answer"])) for r in rows]
+    failed = [f for f in failed if f[1]["score"] != 1.0]
+    assert failed == []
+
+
+def test_minerva_gold_solutions_score_one():
+    rows = load("minerva_math.jsonl")
+    assert len(rows) == 272
+    failed = []
+    for r in rows:
+        gold = last_boxed(r["solution"])  # Minerva keeps its answer only in the solution's last box
+        out = compute_score("minerva_math", r["solution"], gold)
+        if out["score"] != 1.0:
+            failed.append((gold, out))
+    assert failed == []
+
+
+def test_gsm8k_gold_solutions_score_one():
+    """No box at all: the final answer is GSM8K's '#### X' line."""
+    rows = load("gsm8k_test.jsonl")
+    assert len(rows) == 1319
+    failed = []
+    for r in rows:
+        gold = r["answer"].rsplit("####", 1)[1].strip()
+        out = compute_score("gsm8k", r["answer"], gold)
+        if out["score"] != 1.0 or out["pred"] != normalize_answer(gold):
+            failed.append((gold, out))
+    assert failed == []
+
+
+def test_math500_gold_answers_through_math_verify():
+    """compute_score accepts equal strings without math-verify; here math-verify itself (in the worker
+    processes) must find every MATH-500 `answer` equal to the solution's box, on a deterministic sample."""
+    pool = reward._get_pool()
+    for r in load("math500.jsonl")[::5]:
+        gold = "\\boxed{" + normalize_answer(r["answer"]) + "}"
+        pred = "\\boxed{" + normalize_answer(last_boxed(r["solution"])) + "}"
+        reply = pool.grade(gold, pred, reward.DEFAULT_TIMEOUT_S)
+        assert reply is not None and reply["ok"] and reply["correct"], (r["answer"], reply)
+
+
+def test_wrong_answers_score_zero():
+    """Each MATH-500 / GSM8K solution graded against the gold answer of the next problem."""
+    math500 = load("math500.jsonl")[:100]
+    for i, r in enumerate(math500):
+        other = math500[(i + 1) % len(math500)]["answer"]
+        assert normalize_answer(other) != normalize_answer(r["answer"])
+        if "=" in other:  # e.g. gold "5", other "x=5": the same answer
+            continue
+        out = compute_score("math500", r["solution"], other)
+        assert out["score"] == 0.0 and out["acc"] == 0.0, (r["answer"], other)
+    gsm8k = load("gsm8k_test.jsonl")[:100]
+    for i, r in enumerate(gsm8k):
+        gold = r["answer"].rsplit("####", 1)[1].strip()
+        other = gsm8k[(i + 1) % len(gsm8k)]["answer"].rsplit("####", 1)[1].strip()
+        if other == gold:
+            continue
+        assert compute_score("gsm8k", r["answer"], other)["score"] == 0.0
+
+
+# --- forms graders usually get wrong ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "gold,response,expected",
+    [
+        ("25", "So the rate is \\boxed{25\\%}.", 1.0),
+        ("25\\%", "The answer is $\\boxed{25}$", 1.0),
+        ("25", "\\boxed{25\\%}", 1.0),
+        ("1000", "\\boxed{1,000}", 1.0),
+        ("1,000", "\\boxed{1000}", 1.0),
+        ("1000000", "\\boxed{1{,}000{,}000}", 1.0),
+        ("1234567", "\\boxed{1,234,567}", 1.0),
+        ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),
+        ("0.75", "\\boxed{\\dfrac{3}{4}}", 1.0),
+        ("\\frac{1}{3}", "\\boxed{0.333333}", 1.0),
+        ("\\frac{1}{3}", "\\boxed{0.3}", 0.0),
+        ("(1,2)", "\\boxed{(1, 2)}", 1.0),
+        ("(3,-1)", "the point is \\boxed{\\left(3, -1\\right)}", 1.0),
+        ("(3,-1)", "\\boxed{(-1, 3)}", 0.0),
+        ("[1,2)", "\\boxed{[1, 2)}", 1.0),
+        ("[1,2)", "\\boxed{x \\in [1,2)}", 1.0),
+        ("[1,2)", "\\boxed{(1,2]}", 0.0),
+        ("(-\\infty, 3]", "\\boxed{(-\\infty,3]}", 1.0),
+        ("2, 3", "\\boxed{3, 2}", 1.0),
+        ("18", "She makes \\boxed{18 \\text{ dollars}} every day.", 1.0),
+        ("18", "She makes $\\boxed{\\$18}$ every day.", 1.0),
+        ("18.90", "\\boxed{\\$18.90}", 1.0),
+        ("30^\\circ", "\\boxed{30}", 1.0),
+        ("\\text{(C)}", "The correct option is \\boxed{C}.", 1.0),
+        ("x^2+2x+1", "\\boxed{(x+1)^2}", 1.0),
+        ("\\sqrt{2}/2", "\\boxed{\\frac{\\sqrt{2}}{2}}", 1.0),
+        ("5", "\\boxed{x = 5}", 1.0),
+        ("4", "First \\boxed{3}, but that is wrong; the answer is \\boxed{4}", 1.0),
+        ("3", "First \\boxed{3}, but that is wrong; the answer is \\boxed{4}", 0.0),
+        ("7", "Therefore the final answer is 7.", 1.0),
+        ("7", "Answer: $7$", 1.0),
+        ("42", "#### 42", 1.0),
+        ("12", "We get 3 * 4 = 12", 1.0),  # no marker at all: math-verify takes the last expression
+        ("5", "no answer here", 0.0),
+        ("5", "", 0.0),
+        ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}", 1.0),  # unclosed box = no box: the final expression
+        ("3", "\\boxed{3} and then the response was cut off \\boxed{\\frac{1", 1.0),
+        ("27", "\\boxed{27.0}", 1.0),
+    ],
+)
+def test_tricky_forms(gold, response, expected):
+    out = compute_score("test", response, gold)
+    assert set(out) == {"score", "acc", "pred"}
+    assert out["score"] == expected and out["acc"] == expected, out
+
+
+def test_numeric_ground_truth_and_pred():
+    assert compute_score("amc23", "\\boxed{27}", 27.0) == {"score": 1.0, "acc": 1.0, "pred": "27"}
+    assert compute_score("x", "\\boxed{2.5}", 2.5)["score"] == 1.0
+    assert compute_score("x", "The answer is \\boxed{\\dfrac{5}{8}}.", "\\frac58")["pred"] == "\\frac{5}{8}"
+    assert compute_score("x", "nothing", "3")["pred"] == ""
+
+
+def test_extraction_helpers():
+    assert extract_answer("a \\boxed{\\frac{1}{2}} b") == ("\\frac{1}{2}", "boxed")
+    assert extract_answer("\\fbox{7}") == ("7", "boxed")
+    assert extract_answer("so \\boxed 5.") == ("5", "boxed")
+    assert extract_answer("x\n#### 1,234\n") == ("1,234", "gsm8k")
+    assert extract_answer("The final answer is $3$.") == ("$3$", "anchor")
+    assert extract_answer("just text") == (None, "free")
+    assert last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert normalize_answer("$1,000.$") == "1000"
+    assert normalize_answer("\\left( 3, \\dfrac{1}{2} \\right)") == "( 3, \\frac{1}{2} )"
+
+
+def test_bad_ground_truth_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty reward_model.ground_truth"):
+        compute_score("x", "\\boxed{1}", "  ")
+    with pytest.raises(ValueError, match="empty reward_model.ground_truth"):
+        compute_score("x", "\\boxed{1}", None)
+    with pytest.raises(TypeError, match="must be a string"):
+        compute_score("x", "\\boxed{1}", ["1", "2"])
+
+
+# --- threads and time bound -----------------------------------------------------------------------------
+def test_runs_in_worker_threads_like_verl():
+    """verl calls compute_score from executor threads (no signals there): results stay right and aligned."""
+    cases = [("\\boxed{\\frac{%d}{2}}" % k, str(k / 2), 1.0) for k in range(1, 25)]
+    cases += [("\\boxed{%d}" % k, str(k + 1), 0.0) for k in range(1, 25)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outs = list(pool.map(lambda c: compute_score("t", c[0], c[1]), cases))
+    assert [o["score"] for o in outs] == [c[2] for c in cases]
+
+
+def test_pathological_answer_times_out_cleanly():
+    """sympy would expand 9^(9^(9^9)) for ever; the call returns 0.0 within the bound and the pool recovers."""
+    compute_score("warm", "\\boxed{1}", "2")  # a worker is up (its ~1 s start-up is not part of the bound)
+    start = time.monotonic()
+    out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}}", "3", timeout_s=2.0)
+    elapsed = time.monotonic() - start
+    assert out == {"score": 0.0, "acc": 0.0, "pred": "9^{9^{9^{9}}}"}
+    assert elapsed < 2.0 + 3.0, elapsed
+    # the hung worker was killed; the next calls get a fresh one and grade normally
+    assert compute_score("after", "\\boxed{\\frac{6}{4}}", "1.5")["score"] == 1.0
+
+
+def test_pathological_answers_in_threads_stay_bounded():
+    """Several hung answers at once from verl-like threads: every call still returns within its bound."""
+    n = 3
+    started = threading.Barrier(n)
+
+    def call(_):
+        started.wait()
+        t0 = time.monotonic()
+        out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}} ", "3", timeout_s=1.5)
+        return out["score"], time.monotonic() - t0
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        results = list(pool.map(call, range(n)))
+    assert all(score == 0.0 for score, _ in results)
+    # queued behind at most pool-size hung calls, each bounded (+ start-up of replacement workers)
+    bound = 1.5 * (n // reward._get_pool().size + 1) + reward.STARTUP_TIMEOUT_S
+    assert all(elapsed < bound for _, elapsed in results)
+    assert max(elapsed for _, elapsed in results) < 30, results
+
+
+def test_huge_response_is_fast():
+    """A 50,000-character degenerate response with 5,000 unclosed boxes: extraction stays linear."""
+    text = "\\boxed{" * 5000 + "x" * 15000
+    t0 = time.monotonic()
+    out = compute_score("t", text, "1")
+    assert out["score"] == 0.0
+    assert time.monotonic() - t0 < 15
