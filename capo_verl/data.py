@@ -1,0 +1,421 @@
+"""Data preparation: verl parquet for training (DeepScaleR) and the six evaluation benchmarks.
+
+Run as ``capo-verl prepare-data [options]`` or ``python -m capo_verl.data [options]`` (``--help``).
+
+Every row, training or evaluation, has verl's RL schema (``verl/utils/dataset/rl_dataset.py``)::
+
+    data_source   str    "deepscaler" | "aime24" | "aime25" | "math500" | "amc23" | "minerva_math" | "olympiadbench"
+    prompt        list   [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+    ability       str    "math"
+    reward_model  dict   {"style": "rule", "ground_truth": answer (str)}
+    extra_info    dict   {"split": "train" | "val" | "test", "index": int (row in the source), "problem": str}
+
+The prompt template (:data:`SYSTEM_PROMPT`, :func:`make_prompt`) is stated here and nowhere else: the
+Qwen2.5-Math chain-of-thought prompt used by Qwen2.5-Math RL recipes (system message "Please reason step by
+step, and put your final answer within \\boxed{}.", the problem as the user message). verl applies the
+model's chat template to it.
+
+Training (paper section 5.1): DeepScaleR-Preview (hub id :data:`DEEPSCALER_HUB_ID`, or a local
+json/jsonl/parquet file with ``problem``/``answer`` columns, or a verl-format parquet such as the shipped
+1,209-problem subset) is permuted with ``numpy.random.default_rng(seed)``; the first ``val_size`` problems
+form the validation set, the next ``train_size`` the training set (defaults 240 and 20,000, seed 42).
+
+Evaluation: the local jsonl files of :data:`BENCHMARKS` (shipped in ``capo_verl/resources/benchmarks``;
+each keeps its gold answer in a different field, see ``capo_verl/resources/SOURCES.md``).
+
+Outputs in ``--out-dir`` (default ``$CAPO_DATA_DIR`` or ``~/data/capo``): ``deepscaler_train.parquet``,
+``deepscaler_val.parquet``, ``<benchmark>.parquet`` and ``manifest.json`` (row counts, source, seed, prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "SYSTEM_PROMPT",
+    "DEEPSCALER_HUB_ID",
+    "BENCHMARKS",
+    "DEFAULT_BENCHMARKS",
+    "make_prompt",
+    "make_row",
+    "load_deepscaler",
+    "split_train_val",
+    "load_benchmark",
+    "prepare",
+    "main",
+]
+
+#: The one prompt template of this project (Qwen2.5-Math CoT prompt): system message + the problem as user turn.
+SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+DEEPSCALER_HUB_ID = "agentica-org/DeepScaleR-Preview-Dataset"
+TRAIN_SIZE = 20_000
+VAL_SIZE = 240
+SEED = 42
+RESOURCES = Path(__file__).resolve().parent / "resources"
+SHIPPED_BENCHMARKS_DIR = RESOURCES / "benchmarks"
+
+# Instructions that other recipes append to the problem (e.g. the shipped verl-format DeepScaleR subset);
+# stripped when a verl-format file is read back, so that only SYSTEM_PROMPT instructs the model.
+_KNOWN_INSTRUCTION_SUFFIXES = (
+    "Let's think step by step and output the final answer within \\boxed{}.",
+    "Please reason step by step, and put your final answer within \\boxed{}.",
+)
+
+
+def make_prompt(problem: str) -> list[dict[str, str]]:
+    """The chat prompt for one problem: ``[system SYSTEM_PROMPT, user problem]``."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+
+
+def make_row(data_source: str, problem: str, answer: str, split: str, index: int) -> dict:
+    """One verl RL row (schema in the module docstring)."""
+    return {
+        "data_source": data_source,
+        "prompt": make_prompt(problem),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": int(index), "problem": problem},
+    }
+
+
+def _answer_to_str(value) -> str:
+    """Gold answer as a string: 27.0 -> "27", "$\\frac{1}{2}$" -> "\\frac{1}{2}"."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, (int, np.integer, float, np.floating)):
+        return str(value)
+    text = str(value).strip()
+    while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text[1:-1].strip()
+    return text
+
+
+# --------------------------------------------------------------------------------------------------------
+# training data
+# --------------------------------------------------------------------------------------------------------
+def _read_table(path: Path) -> pd.DataFrame:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pd.read_parquet(path)
+    if suffix == ".jsonl":
+        return pd.read_json(path, lines=True)
+    if suffix == ".json":
+        with open(path) as f:
+            head = f.read(1).strip()
+        return pd.read_json(path, lines=(head == "{"))
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; give a .parquet, .jsonl or .json file")
+
+
+def _strip_instruction(text: str) -> str:
+    text = text.strip()
+    for suffix in _KNOWN_INSTRUCTION_SUFFIXES:
+        if text.endswith(suffix):
+            return text[: -len(suffix)].strip()
+    return text
+
+
+def _problems_from_table(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    """``problem``/``answer`` columns from a DeepScaleR-style or a verl-format table."""
+    if {"problem", "answer"} <= set(df.columns):
+        problems = df["problem"]
+        answers = df["answer"]
+    elif {"prompt", "reward_model"} <= set(df.columns):  # verl format (e.g. the shipped subset)
+        def user_text(prompt) -> str:
+            users = [m["content"] for m in prompt if m["role"] == "user"]
+            if not users:
+                raise ValueError(f"{where}: a prompt has no user message: {prompt!r}")
+            return _strip_instruction(users[-1])
+
+        problems = df["prompt"].map(user_text)
+        answers = df["reward_model"].map(lambda rm: rm["ground_truth"])
+    else:
+        raise ValueError(
+            f"{where}: expected columns problem+answer (DeepScaleR) or prompt+reward_model (verl format), "
+            f"found {sorted(df.columns)}"
+        )
+    out = pd.DataFrame(
+        {
+            "problem": problems.map(lambda p: "" if p is None else str(p).strip()),
+            "answer": answers.map(lambda a: "" if a is None else _answer_to_str(a)),
+            "source_index": np.arange(len(df), dtype=np.int64),
+        }
+    )
+    return out
+
+
+def load_deepscaler(source: str) -> tuple[pd.DataFrame, int]:
+    """Load DeepScaleR problems from a local file or the Hugging Face hub.
+
+    Args:
+        source: a path to a .parquet/.jsonl/.json file (DeepScaleR columns ``problem``, ``answer``, or verl
+            format), or a hub dataset id such as :data:`DEEPSCALER_HUB_ID` (split ``train``; needs network
+            and the ``datasets`` package).
+
+    Returns:
+        ``(df, n_dropped)``: ``df`` has columns ``problem`` (str), ``answer`` (str), ``source_index`` (int64,
+        row in the source); rows with an empty problem or answer are dropped and counted in ``n_dropped``.
+
+    Raises:
+        FileNotFoundError: ``source`` looks like a path but does not exist.
+        ValueError: unknown columns or file type, or ``source`` is neither a file nor a hub id.
+    """
+    path = Path(os.path.expanduser(source))
+    if path.exists():
+        df = _problems_from_table(_read_table(path), str(path))
+    elif re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) and not source.endswith(
+        (".parquet", ".jsonl", ".json")
+    ):
+        import datasets
+
+        table = datasets.load_dataset(source, split="train").to_pandas()
+        df = _problems_from_table(table, source)
+    elif source.endswith((".parquet", ".jsonl", ".json")) or "/" in source:
+        raise FileNotFoundError(f"DeepScaleR source {source!r} does not exist (a local file was expected)")
+    else:
+        raise ValueError(f"DeepScaleR source {source!r} is neither an existing file nor a hub id like owner/name")
+    keep = (df["problem"] != "") & (df["answer"] != "")
+    return df[keep].reset_index(drop=True), int((~keep).sum())
+
+
+def split_train_val(
+    df: pd.DataFrame, train_size: int = TRAIN_SIZE, val_size: int = VAL_SIZE, seed: int = SEED
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Seeded disjoint split: permute rows with ``default_rng(seed)``; first ``val_size`` -> val, next
+    ``train_size`` -> train. Each part keeps source order (sorted by ``source_index``).
+
+    Raises:
+        ValueError: a size is negative, or ``len(df) < train_size + val_size`` (the message says how many
+            rows there are and which options lower the sizes).
+    """
+    if train_size < 0 or val_size < 0:
+        raise ValueError(f"train_size ({train_size}) and val_size ({val_size}) must be >= 0")
+    need = train_size + val_size
+    if len(df) < need:
+        raise ValueError(
+            f"the training source has {len(df)} usable problems, fewer than train_size + val_size = "
+            f"{train_size} + {val_size} = {need}; use the full DeepScaleR dataset ({DEEPSCALER_HUB_ID}, "
+            "40,315 problems) or lower --train-size / --val-size"
+        )
+    perm = np.random.default_rng(seed).permutation(len(df))
+    val = df.iloc[np.sort(perm[:val_size])].reset_index(drop=True)
+    train = df.iloc[np.sort(perm[val_size:need])].reset_index(drop=True)
+    return train, val
+
+
+# --------------------------------------------------------------------------------------------------------
+# benchmarks
+# --------------------------------------------------------------------------------------------------------
+def _olympiad_problem(r: dict) -> str:
+    context = r.get("context")
+    return f"{context.strip()}\n\n{r['question'].strip()}" if context else r["question"].strip()
+
+
+def _olympiad_answer(r: dict) -> str:
+    parts = r["final_answer"]
+    if isinstance(parts, str):
+        parts = [parts]
+    return ", ".join(re.sub(r"(?<!\\)\$", "", str(p)).strip() for p in parts)
+
+
+def _minerva_answer(r: dict) -> str:
+    from capo_verl.reward import last_boxed
+
+    answer = last_boxed(r["solution"])
+    if answer is None:
+        raise ValueError(f"minerva_math: no \\boxed{{}} answer in the solution of {r['problem'][:80]!r}")
+    return answer
+
+
+def _gsm8k_answer(r: dict) -> str:
+    if "####" not in r["answer"]:
+        raise ValueError(f"gsm8k: no '#### <answer>' line in {r['answer'][-80:]!r}")
+    return r["answer"].rsplit("####", 1)[1].strip().replace(",", "")
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Where a benchmark's jsonl keeps its problem and gold answer."""
+
+    file: str
+    problem: Callable[[dict], str]
+    answer: Callable[[dict], str]
+
+
+#: Local benchmark files (``--benchmarks-dir``) and their fields; the key is the ``data_source``.
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    "aime24": BenchmarkSpec("aime24.jsonl", lambda r: r["problem"], lambda r: _answer_to_str(r["answer"])),
+    "aime25": BenchmarkSpec("aime25.jsonl", lambda r: r["problem"], lambda r: _answer_to_str(r["answer"])),
+    "math500": BenchmarkSpec("math500.jsonl", lambda r: r["problem"], lambda r: _answer_to_str(r["answer"])),
+    "amc23": BenchmarkSpec("amc23.jsonl", lambda r: r["problem"], lambda r: _answer_to_str(r["answer"])),
+    "minerva_math": BenchmarkSpec("minerva_math.jsonl", lambda r: r["problem"], _minerva_answer),
+    "olympiadbench": BenchmarkSpec("olympiadbench.jsonl", _olympiad_problem, _olympiad_answer),
+    "gsm8k": BenchmarkSpec("gsm8k_test.jsonl", lambda r: r["question"], _gsm8k_answer),
+}
+#: The paper's six test benchmarks (gsm8k is available on request: ``--benchmarks gsm8k``).
+DEFAULT_BENCHMARKS = ("aime24", "aime25", "math500", "amc23", "minerva_math", "olympiadbench")
+
+
+def load_benchmark(name: str, benchmarks_dir: str | os.PathLike = SHIPPED_BENCHMARKS_DIR) -> list[dict]:
+    """verl rows (split ``test``) for benchmark ``name`` read from ``benchmarks_dir/<file>``.
+
+    Raises:
+        KeyError: unknown ``name`` (the message lists :data:`BENCHMARKS`).
+        FileNotFoundError: the file is missing.
+        ValueError: a row has no problem or no gold answer.
+    """
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    path = Path(benchmarks_dir) / spec.file
+    if not path.exists():
+        raise FileNotFoundError(f"benchmark {name}: {path} not found (set --benchmarks-dir)")
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(line for line in f if line.strip()):
+            record = json.loads(line)
+            problem, answer = spec.problem(record).strip(), spec.answer(record).strip()
+            if not problem or not answer:
+                raise ValueError(f"benchmark {name}: row {i} of {path} has an empty problem or answer")
+            rows.append(make_row(name, problem, answer, "test", i))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------------------------
+def _write(rows: list[dict], path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows, columns=["data_source", "prompt", "ability", "reward_model", "extra_info"]).to_parquet(
+        path, index=False
+    )
+    return len(rows)
+
+
+def prepare(
+    out_dir: str | os.PathLike,
+    train_source: str | None = DEEPSCALER_HUB_ID,
+    train_size: int = TRAIN_SIZE,
+    val_size: int = VAL_SIZE,
+    seed: int = SEED,
+    benchmarks: Sequence[str] | None = DEFAULT_BENCHMARKS,
+    benchmarks_dir: str | os.PathLike = SHIPPED_BENCHMARKS_DIR,
+) -> dict:
+    """Write the parquet files and ``manifest.json`` into ``out_dir``; return the manifest.
+
+    ``train_source=None`` skips the training split, ``benchmarks=None`` or ``()`` the benchmarks. Entries of
+    an existing ``manifest.json`` for files not rewritten now are kept. Raises what :func:`load_deepscaler`,
+    :func:`split_train_val` and :func:`load_benchmark` raise.
+    """
+    out = Path(os.path.expanduser(str(out_dir)))
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest["system_prompt"] = SYSTEM_PROMPT
+    files = manifest.setdefault("files", {})
+    if train_source is not None:
+        df, dropped = load_deepscaler(train_source)
+        train, val = split_train_val(df, train_size, val_size, seed)
+        for split, part in (("train", train), ("val", val)):
+            rows = [
+                make_row("deepscaler", p, a, split, i)
+                for p, a, i in zip(part["problem"], part["answer"], part["source_index"], strict=True)
+            ]
+            name = f"deepscaler_{split}.parquet"
+            files[name] = {
+                "rows": _write(rows, out / name),
+                "data_source": "deepscaler",
+                "source": str(train_source),
+                "source_rows_usable": len(df),
+                "source_rows_dropped_empty": dropped,
+                "seed": seed,
+                "train_size": train_size,
+                "val_size": val_size,
+            }
+    for name in benchmarks or ():
+        rows = load_benchmark(name, benchmarks_dir)
+        files[f"{name}.parquet"] = {
+            "rows": _write(rows, out / f"{name}.parquet"),
+            "data_source": name,
+            "source": str(Path(benchmarks_dir) / BENCHMARKS[name].file),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="capo-verl prepare-data",
+        description="Write verl parquet files: DeepScaleR train/val split and the evaluation benchmarks, "
+        "all with the Qwen2.5-Math prompt (system: " + SYSTEM_PROMPT + ").",
+    )
+    p.add_argument(
+        "--out-dir",
+        default=os.environ.get("CAPO_DATA_DIR", "~/data/capo"),
+        help="output folder (default: $CAPO_DATA_DIR or ~/data/capo)",
+    )
+    p.add_argument(
+        "--train-source",
+        default=DEEPSCALER_HUB_ID,
+        help=f"hub id or local .parquet/.jsonl/.json file (default: {DEEPSCALER_HUB_ID}); the shipped subset "
+        f"is {RESOURCES / 'train' / 'deepscaler_sub1209.parquet'}",
+    )
+    p.add_argument("--train-size", type=int, default=TRAIN_SIZE, help=f"training problems (default {TRAIN_SIZE})")
+    p.add_argument("--val-size", type=int, default=VAL_SIZE, help=f"validation problems (default {VAL_SIZE})")
+    p.add_argument("--seed", type=int, default=SEED, help=f"split seed (default {SEED})")
+    p.add_argument(
+        "--benchmarks",
+        default=",".join(DEFAULT_BENCHMARKS),
+        help=f"comma list from {', '.join(BENCHMARKS)} (default: the six of the paper)",
+    )
+    p.add_argument(
+        "--benchmarks-dir",
+        default=str(SHIPPED_BENCHMARKS_DIR),
+        help="folder with the benchmark jsonl files (default: the copies shipped in capo_verl/resources)",
+    )
+    p.add_argument("--no-train", action="store_true", help="skip the DeepScaleR split")
+    p.add_argument("--no-benchmarks", action="store_true", help="skip the benchmarks")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry (``capo-verl prepare-data``); returns the exit code (2 on a data error)."""
+    args = _parser().parse_args(argv)
+    benchmarks = [] if args.no_benchmarks else [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    unknown = [b for b in benchmarks if b not in BENCHMARKS]
+    if unknown:
+        print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    try:
+        manifest = prepare(
+            args.out_dir,
+            train_source=None if args.no_train else args.train_source,
+            train_size=args.train_size,
+            val_size=args.val_size,
+            seed=args.seed,
+            benchmarks=benchmarks,
+            benchmarks_dir=args.benchmarks_dir,
+        )
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(os.path.expanduser(args.out_dir))
+    for name, info in manifest["files"].items():
+        note = ""
+        if info.get("source_rows_dropped_empty"):
+            note = f"; {info['source_rows_dropped_empty']} source rows without problem or answer dropped"
+        print(f"{out / name}: {info['rows']} rows ({info['data_source']}{note})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
