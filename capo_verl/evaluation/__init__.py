@@ -1,0 +1,15 @@
+"""Evaluation toolkit: the paper's section 5 results for any checkpoint, in two stages.
+
+1. :mod:`capo_verl.evaluation.generate` (``capo-verl eval generate``): k sampled responses per problem,
+   each with its mean token log-probability ``lpm`` (nats) under the sampling model, its extracted answer
+   and its correctness, written as JSON lines. Backends: transformers (CPU or one GPU) and vLLM.
+2. :mod:`capo_verl.evaluation.score` (``capo-verl eval score``): mean@k accuracy, AUC-mean, inference-time
+   scaling accuracy (perplexity consistency, majority vote, max lpm) and precision-coverage, per data
+   source and over all, written to ``metrics.json`` and ``report.md``, with plots
+   (:mod:`capo_verl.evaluation.plots`). Several labelled generation files are compared side by side.
+
+The metric functions themselves live in :mod:`capo_verl.metrics`.
+"""
+
+#: Fields every generation line carries (``capo-verl eval generate`` writes them, ``score`` requires them).
+REQUIRED_FIELDS = ("data_source", "question_id", "response", "answer", "correct", "lpm", "num_tokens")

@@ -1,0 +1,152 @@
+"""``capo-verl eval generate`` and ``capo-verl eval score``.
+
+Examples (CPU, the offline SmolLM2-135M-Instruct)::
+
+    capo-verl eval generate --model smollm2 --benchmarks gsm8k math500 --limit 10 -k 8 \\
+        --max-new-tokens 256 --out runs/smollm2.jsonl
+    capo-verl eval score --generations smollm2=runs/smollm2.jsonl --out runs/report
+
+Several labelled files are compared on the same tables and plots::
+
+    capo-verl eval score --generations grpo=runs/grpo.jsonl capo=runs/capo.jsonl --out runs/compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="sample k responses per problem with their mean log-prob (JSONL)",
+        description="Sample k responses per problem, score them with the project's math-verify reward and "
+                    "write one JSON line per response (data_source, question_id, sample_index, response, answer, "
+                    "correct, lpm, num_tokens, truncated, ground_truth). Rerunning with the same --out resumes.",
+    )
+    src = p.add_argument_group("problems")
+    src.add_argument("--data", nargs="+", default=[], metavar="FILE",
+                     help="verl-schema .parquet/.jsonl files (from `capo-verl prepare-data`)")
+    src.add_argument("--benchmarks", nargs="+", default=[], metavar="NAME",
+                     help="shipped benchmarks: aime24 aime25 math500 amc23 minerva_math olympiadbench gsm8k, "
+                          "or `paper` for the paper's six")
+    src.add_argument("--limit", type=int, default=None, help="first N problems of each data source (default: all)")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", required=True,
+                   help="HF hub id, local checkpoint folder, a .gguf file, or `smollm2` (offline SmolLM2-135M-Instruct)")
+    m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (transformers' gguf_file)")
+    m.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
+                   help="auto: vllm when it is installed and a GPU is present, else hf (transformers)")
+    m.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1 ... (auto: cuda if available)")
+    m.add_argument("--dtype", default="auto", help="auto (hf: float32 on CPU, bfloat16 on GPU), float32, bfloat16, ...")
+    m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    m.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
+    m.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm backend")
+    m.add_argument("--chunk", type=int, default=None,
+                   help="problems per backend call (default: hf 32//k on CPU, 256//k on GPU; vllm 256); "
+                        "results do not depend on it beyond float rounding")
+    s = p.add_argument_group("sampling (paper: k=16, temperature 1.0, top_p 1.0)")
+    s.add_argument("-k", "--k", type=int, default=16, help="responses per problem (default 16)")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--max-new-tokens", type=int, default=3046, help="default 3046 (the paper's max response length)")
+    s.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--out", required=True, help="output .jsonl (settings go to OUT.meta.json)")
+    o.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    o.add_argument("--save-token-ids", action="store_true", help="also write each response's token ids")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _score_parser(sub) -> None:
+    p = sub.add_parser(
+        "score", help="metrics.json, report.md and plots from generation files",
+        description="Compute mean@k, AUC-mean, inference-time scaling accuracy (perplexity consistency, majority "
+                    "vote, max lpm) and precision-coverage per data source and over all; write metrics.json, "
+                    "report.md, precision_coverage.png and accuracy_vs_auc.png.",
+    )
+    p.add_argument("files", nargs="*", metavar="[LABEL=]FILE", help="generation files (same as --generations)")
+    p.add_argument("--generations", nargs="+", default=[], metavar="[LABEL=]FILE",
+                   help="one or more generation files, optionally labelled: grpo=a.jsonl capo=b.jsonl")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _run_generate(args) -> int:
+    from capo_verl.evaluation import generate as G
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = G.SamplingSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
+                                  max_new_tokens=args.max_new_tokens, seed=args.seed)
+    problems = G.load_problems(args.data, args.benchmarks, args.limit)
+    backend_name = args.backend
+    if backend_name == "auto":
+        import importlib.util
+
+        import torch
+
+        backend_name = "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "hf"
+    counts: dict[str, int] = {}
+    for p in problems:
+        counts[p.data_source] = counts.get(p.data_source, 0) + 1
+    print(f"eval generate: {len(problems)} problems ({', '.join(f'{k}: {v}' for k, v in counts.items())}), "
+          f"k={settings.k}, backend {backend_name}, model {args.model}", file=sys.stderr)
+    if backend_name == "vllm":
+        backend = G.VLLMBackend(args.model, tensor_parallel_size=args.tensor_parallel_size,
+                                gpu_memory_utilization=args.gpu_memory_utilization,
+                                dtype=args.dtype)
+        chunk = args.chunk or 256
+    else:
+        backend = G.HFBackend.load(args.model, gguf_file=args.gguf_file, device=args.device, dtype=args.dtype)
+        on_gpu = next(backend.model.parameters()).device.type == "cuda"
+        chunk = args.chunk or max(1, (256 if on_gpu else 32) // settings.k)
+    summary = G.generate(problems, backend, settings, args.out, chunk=chunk, save_token_ids=args.save_token_ids,
+                         overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"eval generate: wrote {summary['responses']} responses for {summary['questions_done']} questions "
+          f"({summary['questions_skipped']} already done) to {args.out} in {summary['wall_s']:.1f} s, "
+          f"{summary['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    return 0
+
+
+def _run_score(args) -> int:
+    from capo_verl.evaluation import score as S
+
+    runs = S.parse_labelled([*args.files, *args.generations])
+    results = S.score_runs(runs, args.out, plots=not args.no_plots)
+    for label, r in results.items():
+        a = r["all"]
+        its = ", ".join(f"{k} {100 * v:.1f}%" for k, v in a["its_accuracy"].items())
+        print(f"{label}: mean@k {100 * a['mean_acc']:.1f}%, AUC-mean {a['auc_mean']:.3f} "
+              f"({a['n_mixed_questions']} mixed questions), ITS {its}, "
+              f"precision-coverage area {100 * a['precision_coverage']['area']:.1f}%")
+    print(f"wrote {args.out}/metrics.json, report.md" + ("" if args.no_plots else " and plots"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl eval``; returns the exit code (2 on a usage or input error)."""
+    parser = argparse.ArgumentParser(prog="capo-verl eval", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score}")
+    _generate_parser(sub)
+    _score_parser(sub)
+    args = parser.parse_args(argv)
+    log = logging.getLogger("capo_verl.evaluation")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False  # verl configures the root logger too: print once
+    try:
+        return _run_generate(args) if args.command == "generate" else _run_score(args)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"capo-verl eval {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Stage 2 of the evaluation: calibration and accuracy metrics from generation files, with a report.
+
+``score_runs({"grpo": "grpo.jsonl", "capo": "capo.jsonl"}, "out/")`` writes
+
+- ``out/metrics.json``: ``{label: {data_source: M, ..., "all": M, "macro_avg": A}}`` where ``M`` is
+  :func:`score_responses`'s dict (``"all"`` pools every question of the run, each question weighing the
+  same) and ``A`` the unweighted mean over data sources of ``mean_acc``, ``auc_mean`` and ``its_accuracy``
+  (the "average across benchmarks" of the paper's Figure 1a; present when a run has two or more sources);
+- ``out/report.md``: one table per data source (and all), runs side by side;
+- ``out/precision_coverage.png`` and ``out/accuracy_vs_auc.png`` (paper Figures 4 and 1a), see
+  :mod:`capo_verl.evaluation.plots`.
+
+Every metric is computed from a response's ``lpm`` (confidence, nats) and ``correct``; see
+:mod:`capo_verl.metrics` for the definitions and sources.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from capo_verl import metrics as M
+from capo_verl.evaluation import REQUIRED_FIELDS
+
+#: Coverage levels at which precision is reported (paper Figure 4's x axis in steps of 0.1).
+COVERAGE_LEVELS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+
+def parse_labelled(specs: Sequence[str]) -> dict[str, str]:
+    """``["grpo=a.jsonl", "b.jsonl"]`` -> ``{"grpo": "a.jsonl", "b": "b.jsonl"}`` (label = file stem when absent).
+
+    Raises:
+        ValueError: an empty label or path, or the same label twice.
+    """
+    runs: dict[str, str] = {}
+    for spec in specs:
+        label, path = None, spec
+        if "=" in spec and not os.path.exists(spec):
+            label, path = spec.split("=", 1)
+            if not label or not path:
+                raise ValueError(f"bad generation file spec {spec!r}; use LABEL=PATH.jsonl or PATH.jsonl")
+        label = label or Path(path).name.removesuffix(".jsonl")
+        if label in runs:
+            raise ValueError(f"label {label!r} is given twice; name the runs with LABEL=PATH.jsonl")
+        runs[label] = path
+    return runs
+
+
+def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load a generation file (``capo-verl eval generate`` output) into column arrays.
+
+    Returns:
+        ``{"data_source", "question_id", "answer"}`` as object arrays of str, ``"correct"`` bool,
+        ``"lpm"`` float64 (nats), ``"num_tokens"`` int64, ``"truncated"`` bool (False when absent); one
+        entry per response.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line is not JSON, lacks a field of :data:`REQUIRED_FIELDS`, or has a non-finite
+            ``lpm``; the message names the file and line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such generation file: {path} (write one with `capo-verl eval generate`)")
+    cols: dict[str, list] = {f: [] for f in ("data_source", "question_id", "answer", "correct", "lpm", "num_tokens",
+                                             "truncated")}
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not a JSON line ({e}); is this a `capo-verl eval generate` output?") from e
+            missing = [k for k in REQUIRED_FIELDS if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{i}: missing field(s) {missing}; each line needs {list(REQUIRED_FIELDS)}")
+            lpm = rec["lpm"]
+            if lpm is None or not math.isfinite(float(lpm)):
+                raise ValueError(f"{path}:{i}: lpm is {lpm!r}; every response needs a finite mean log-prob "
+                                 "(regenerate it, or drop that line)")
+            cols["data_source"].append(str(rec["data_source"]))
+            cols["question_id"].append(str(rec["question_id"]))
+            cols["answer"].append("" if rec["answer"] is None else str(rec["answer"]))
+            cols["correct"].append(bool(rec["correct"]))
+            cols["lpm"].append(float(lpm))
+            cols["num_tokens"].append(int(rec["num_tokens"]))
+            cols["truncated"].append(bool(rec.get("truncated", False)))
+    if not cols["lpm"]:
+        raise ValueError(f"{path}: no responses in the file")
+    return {
+        "data_source": np.array(cols["data_source"], dtype=object),
+        "question_id": np.array(cols["question_id"], dtype=object),
+        "answer": np.array(cols["answer"], dtype=object),
+        "correct": np.array(cols["correct"], dtype=bool),
+        "lpm": np.array(cols["lpm"], dtype=np.float64),
+        "num_tokens": np.array(cols["num_tokens"], dtype=np.int64),
+        "truncated": np.array(cols["truncated"], dtype=bool),
+    }
+
+
+def score_responses(group, answer, correct, lpm, num_tokens=None, truncated=None,
+                    levels: Sequence[float] = COVERAGE_LEVELS) -> dict:
+    """All metrics of one set of responses (one data source, or all of a run).
+
+    Args:
+        group: ``(n,)`` question id per response (unique across the set).
+        answer: ``(n,)`` extracted answer (str, ``""`` if none).
+        correct: ``(n,)`` bool.
+        lpm: ``(n,)`` float64 mean token log-prob (nats), the confidence.
+        num_tokens, truncated: ``(n,)`` optional, for the response-length statistics.
+        levels: coverages for ``precision_coverage.precision``.
+
+    Returns:
+        dict with ``n_questions``, ``n_responses``, ``k`` (responses per question: an int, or
+        ``{"min", "max"}`` when ragged), ``mean_acc`` (mean@k), ``auc_mean`` and ``n_mixed_questions``
+        (Eq. 7-8), ``its_accuracy`` (``{"ppl_consistency", "majority_vote", "max_lpm"}``, Algorithm 1),
+        ``precision_coverage`` (``{"coverage", "precision", "area"}``, Figure 4), ``answered_frac``
+        (non-empty answer), ``lpm_correct_mean``/``lpm_incorrect_mean``, and with ``num_tokens``:
+        ``mean_num_tokens``, ``truncated_frac``. Undefined values are NaN (JSON ``NaN``).
+    """
+    group = np.asarray(group)
+    correct = np.asarray(correct, dtype=bool)
+    lpm = np.asarray(lpm, dtype=np.float64)
+    answer = np.asarray(answer, dtype=object)
+    _, counts = np.unique(group, return_counts=True)
+    k = int(counts[0]) if counts.min() == counts.max() else {"min": int(counts.min()), "max": int(counts.max())}
+    mean_acc, nq = M.mean_at_k(correct, group)
+    auc, n_mixed = M.auc_mean(lpm, correct, group)
+    out = {
+        "n_questions": nq,
+        "n_responses": int(len(lpm)),
+        "k": k,
+        "mean_acc": mean_acc,
+        "auc_mean": auc,
+        "n_mixed_questions": n_mixed,
+        "its_accuracy": {m: M.its_accuracy(group, answer, lpm, correct, m) for m in M.ITS_METHODS},
+        "precision_coverage": {
+            "coverage": [float(c) for c in levels],
+            "precision": M.precision_at_coverage(lpm, correct, levels).tolist(),
+            "area": M.precision_coverage_area(lpm, correct),
+        },
+        "answered_frac": float(np.mean(answer != "")),
+        "lpm_correct_mean": float(lpm[correct].mean()) if correct.any() else float("nan"),
+        "lpm_incorrect_mean": float(lpm[~correct].mean()) if (~correct).any() else float("nan"),
+    }
+    if num_tokens is not None:
+        out["mean_num_tokens"] = float(np.mean(num_tokens))
+    if truncated is not None:
+        out["truncated_frac"] = float(np.mean(truncated))
+    return out
+
+
+def score_generations(cols: Mapping[str, np.ndarray], levels: Sequence[float] = COVERAGE_LEVELS) -> dict:
+    """Metrics of one run per data source (sorted by name), then ``"all"`` and, with 2+ sources, ``"macro_avg"``."""
+    ds = cols["data_source"]
+    out = {}
+    for source in sorted(set(ds.tolist())):
+        sel = ds == source
+        out[source] = score_responses(cols["question_id"][sel], cols["answer"][sel], cols["correct"][sel],
+                                      cols["lpm"][sel], cols["num_tokens"][sel], cols["truncated"][sel], levels)
+    group_all = np.array([f"{d}\x1f{q}" for d, q in zip(ds, cols["question_id"])], dtype=object)
+    out["all"] = score_responses(group_all, cols["answer"], cols["correct"], cols["lpm"], cols["num_tokens"],
+                                 cols["truncated"], levels)
+    sources = [s for s in out if s != "all"]
+    if len(sources) > 1:
+        def avg(values):
+            values = [v for v in values if not math.isnan(v)]
+            return float(np.mean(values)) if values else float("nan")
+
+        out["macro_avg"] = {
+            "n_data_sources": len(sources),
+            "mean_acc": avg([out[s]["mean_acc"] for s in sources]),
+            "auc_mean": avg([out[s]["auc_mean"] for s in sources]),
+            "its_accuracy": {m: avg([out[s]["its_accuracy"][m] for s in sources]) for m in M.ITS_METHODS},
+        }
+    return out
+
+
+def _read_meta(path: str | os.PathLike) -> dict:
+    mp = Path(f"{path}.meta.json")
+    try:
+        return json.loads(mp.read_text()) if mp.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+_ITS_NAMES = {"ppl_consistency": "perplexity consistency", "majority_vote": "majority vote", "max_lpm": "max lpm"}
+
+
+def _pct(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _num(x, fmt=".3f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _k(k) -> str:
+    return str(k) if isinstance(k, int) else f"{k['min']}–{k['max']}"
+
+
+def _table(labels: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:
+    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return lines
+
+
+def _source_rows(per_run: list[dict | None]) -> list[tuple[str, list[str]]]:
+    def cells(fn):
+        return [fn(m) if m is not None else "–" for m in per_run]
+
+    rows = [
+        ("questions", cells(lambda m: str(m["n_questions"]))),
+        ("responses per question (k)", cells(lambda m: _k(m["k"]))),
+        ("mean@k accuracy (%)", cells(lambda m: _pct(m["mean_acc"]))),
+        ("AUC-mean", cells(lambda m: _num(m["auc_mean"]))),
+        ("questions with both outcomes", cells(lambda m: str(m["n_mixed_questions"]))),
+    ]
+    rows += [(f"ITS accuracy, {name} (%)", cells(lambda m, key=key: _pct(m["its_accuracy"][key])))
+             for key, name in _ITS_NAMES.items()]
+    levels = next(m for m in per_run if m is not None)["precision_coverage"]["coverage"]
+    rows += [(f"precision @ coverage {c:.1f} (%)", cells(lambda m, i=i: _pct(m["precision_coverage"]["precision"][i])))
+             for i, c in enumerate(levels)]
+    rows += [
+        ("area under precision-coverage (%)", cells(lambda m: _pct(m["precision_coverage"]["area"]))),
+        ("mean lpm, correct / incorrect (nats)",
+         cells(lambda m: f"{_num(m['lpm_correct_mean'])} / {_num(m['lpm_incorrect_mean'])}")),
+        ("responses with an answer (%)", cells(lambda m: _pct(m["answered_frac"]))),
+        ("truncated responses (%)", cells(lambda m: _pct(m.get("truncated_frac")))),
+        ("mean response tokens", cells(lambda m: _num(m.get("mean_num_tokens"), ".1f"))),
+    ]
+    return rows
+
+
+def write_report(results: Mapping[str, dict], files: Mapping[str, str], metas: Mapping[str, dict],
+                 out_dir: str | os.PathLike, plots: Sequence[str] = ()) -> Path:
+    """Write ``out_dir/report.md``: the runs, then one table per data source and all (runs side by side)."""
+    labels = list(results)
+    lines = ["# Evaluation report", "",
+             "Confidence is each response's mean token log-probability `lpm` (nats). mean@k: mean over questions "
+             "of the fraction correct. AUC-mean: per-question ROC-AUC of lpm against correctness (ties 1/2), "
+             "averaged over questions with both outcomes (paper Eq. 7-8). ITS: one answer per question from "
+             "its k responses (perplexity consistency = paper Algorithm 1; empty answers do not vote; ties "
+             "share credit). Precision @ coverage: responses pooled and ranked by lpm, precision of the most "
+             "confident fraction (paper Figure 4). `all` pools every question of a run.", "",
+             "## Runs", "",
+             "| run | file | model | backend | k | temperature | top_p | max new tokens | seed | generation wall time |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for label in labels:
+        m = metas.get(label, {})
+        wall = m.get("wall_s")
+        lines.append(f"| {label} | `{files[label]}` | {m.get('model', '–')} | {m.get('backend', '–')} | "
+                     f"{m.get('k', '–')} | {m.get('temperature', '–')} | {m.get('top_p', '–')} | "
+                     f"{m.get('max_new_tokens', '–')} | {m.get('seed', '–')} | "
+                     f"{'–' if wall is None else f'{wall:.0f} s'} |")
+    sources = sorted({s for r in results.values() for s in r if s not in ("all", "macro_avg")})
+    for source in [*sources, "all"]:
+        lines += ["", f"## {source}", ""]
+        lines += _table(labels, _source_rows([results[l].get(source) for l in labels]))
+    if any("macro_avg" in r for r in results.values()):
+        lines += ["", "## average over data sources (unweighted, as the paper's Figure 1a)", ""]
+        rows = [("data sources", [str(results[l]["macro_avg"]["n_data_sources"]) if "macro_avg" in results[l]
+                                  else "–" for l in labels]),
+                ("mean@k accuracy (%)", [_pct(results[l].get("macro_avg", {}).get("mean_acc")) for l in labels]),
+                ("AUC-mean", [_num(results[l].get("macro_avg", {}).get("auc_mean")) for l in labels])]
+        rows += [(f"ITS accuracy, {name} (%)",
+                  [_pct(results[l].get("macro_avg", {}).get("its_accuracy", {}).get(key)) for l in labels])
+                 for key, name in _ITS_NAMES.items()]
+        lines += _table(labels, rows)
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    path = Path(out_dir) / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike, plots: bool = True,
+               levels: Sequence[float] = COVERAGE_LEVELS) -> dict:
+    """Score labelled generation files and write ``metrics.json``, ``report.md`` and the plots to ``out_dir``.
+
+    Args:
+        runs: ``{label: path}`` (see :func:`parse_labelled`); order = column order in the report.
+        out_dir: created if needed.
+        plots: also draw the PNGs (matplotlib, Agg backend).
+        levels: coverage levels reported in the tables and JSON.
+
+    Returns:
+        The metrics dict written to ``metrics.json`` (``{label: {data_source | "all" | "macro_avg": ...}}``).
+    """
+    if not runs:
+        raise ValueError("no generation files given: pass --generations [LABEL=]PATH.jsonl ...")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cols = {label: read_generations(path) for label, path in runs.items()}
+    results = {label: score_generations(c, levels) for label, c in cols.items()}
+    (out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    pngs: list[str] = []
+    if plots:
+        from capo_verl.evaluation import plots as P
+
+        pngs.append(str(P.plot_precision_coverage(cols, out_dir / "precision_coverage.png")))
+        pngs.append(str(P.plot_accuracy_vs_auc(results, out_dir / "accuracy_vs_auc.png")))
+    write_report(results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()},
+                 out_dir, pngs)
+    return results
