@@ -1,5 +1,216 @@
-"""See :mod:`capo_verl.compat`."""
+"""Calibration in verl's validation pass: ``val-calib/<data_source>/auc_mean`` (paper Figure 1 b, c).
+
+verl 0.9.1's validation (``verl/trainer/ppo/v1/trainer_base.py::PPOTrainer._validate``; legacy
+``verl/trainer/ppo/ray_trainer.py::RayPPOTrainer._validate``) logs accuracy per data source
+(``val-core/<data_source>/acc/mean@16``) but drops the rollout's log-probs: it only reads ``rm_scores`` and
+the reward's ``reward_extra_info`` of each response. Two patches carry the confidence through:
+
+1. ``verl/experimental/agent_loop/agent_loop.py::AgentLoopWorker._compute_score`` (the agent-loop worker,
+   v1 and legacy): after verl scores a response, add its ``lpm`` -- the mean of ``response_logprobs``
+   (the rollout's log-probs, ``rollout.calculate_log_probs``) over the response mask, in nats -- to the
+   response's ``extra_fields["reward_extra_info"]``, the dict ``_validate`` collects per response.
+2. ``_val_metrics_update`` of both trainers (called by ``_validate`` with the per-response lists): take
+   ``lpm`` out before verl's own statistics, then add per data source, from
+   :func:`capo_verl.metrics.capo_step_metrics`::
+
+       val-calib/<ds>/auc_mean            mean over questions with both outcomes of the per-question ROC-AUC
+                                          of lpm against correctness (left out when no question is mixed)
+       val-calib/<ds>/mixed_group_frac    fraction of questions with both outcomes
+       val-calib/<ds>/lpm_correct_mean    mean lpm of correct / incorrect responses
+       val-calib/<ds>/lpm_incorrect_mean
+
+   Correct = ``acc > 0.5`` when the reward returns ``acc`` (capo_verl.reward does), else ``reward > 0.5``:
+   the same variable verl picks for its ``val-core`` section.
+
+``trainer.val_calib`` (default true; ``+trainer.val_calib=false`` on configs that lack the key) turns
+step 2 off. With it on, a validation pass in which no response has ``lpm`` raises, naming the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import after_import
+
+logger = logging.getLogger("capo_verl")
+
+#: Key of the per-response mean log-prob in ``reward_extra_info``.
+LPM_KEY = "lpm"
+#: Prefix of the logged metrics.
+PREFIX = "val-calib"
+
+
+def response_lpm(log_probs: Sequence[float] | None, mask: Sequence[int] | None) -> float | None:
+    """Mean log-prob (nats) of a response's generated tokens.
+
+    Args:
+        log_probs: ``(T,)`` per-token log-probs of the response (``AgentLoopOutput.response_logprobs``).
+        mask: ``(T,)`` 1 for model-generated tokens, 0 for tool/padding tokens
+            (``AgentLoopOutput.response_mask``), or None for all ones.
+
+    Returns:
+        ``sum(lp * m) / sum(m)``, or None when there are no log-probs, no generated token, the two lengths
+        differ, or the value is not finite (such a response gets no ``lpm`` and is left out of val-calib).
+    """
+    if log_probs is None:
+        return None
+    lp = np.asarray(log_probs, dtype=np.float64).reshape(-1)
+    m = np.ones_like(lp) if mask is None else np.asarray(mask, dtype=np.float64).reshape(-1)
+    if lp.shape != m.shape or m.sum() <= 0:
+        return None
+    value = float((lp * m).sum() / m.sum())
+    return value if math.isfinite(value) else None
+
+
+def attach_lpm(output) -> None:
+    """Store :func:`response_lpm` of an ``AgentLoopOutput`` in its ``extra_fields["reward_extra_info"]``.
+
+    Responses without log-probs (``rollout.calculate_log_probs=False``) get nothing; a response whose lpm is
+    undefined gets NaN, so that every response of a batch has the same keys (verl's legacy agent loop
+    builds one array per key of the first response).
+    """
+    if output.response_logprobs is None:
+        return
+    value = response_lpm(output.response_logprobs, output.response_mask)
+    output.extra_fields.setdefault("reward_extra_info", {})[LPM_KEY] = float("nan") if value is None else value
+
+
+def validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos_dict) -> dict[str, float]:
+    """``val-calib/<data_source>/...`` metrics of one validation pass.
+
+    Args:
+        data_sources: ``(N,)`` data source of each response.
+        sample_uids: ``(N,)`` question id of each response (the ``val_kwargs.n`` responses of a question
+            share it).
+        reward_extra_infos_dict: ``{name: (N,) list}`` as built by verl's ``_validate``; needs ``lpm`` and
+            ``acc`` or ``reward``. Entries may be None (a response without that key).
+
+    Returns:
+        ``{"val-calib/<ds>/<name>": float}`` (see the module docstring), plus
+        ``val-calib/<ds>/lpm_missing_frac`` when some responses of ``ds`` have no finite ``lpm`` (they are
+        left out of the other metrics).
+
+    Raises:
+        RuntimeError: no response at all has ``lpm`` (log-probs are off, or the reward runs where the patch
+            cannot reach it).
+        ValueError: the lists differ in length from ``data_sources``.
+    """
+    from capo_verl.metrics import capo_step_metrics
+
+    n = len(data_sources)
+    lpm_list = reward_extra_infos_dict.get(LPM_KEY)
+    if n == 0:
+        return {}
+    if lpm_list is None or all(v is None for v in lpm_list):  # NaN (undefined lpm) still counts as present
+        raise RuntimeError(
+            "val-calib: no validation response carries its mean log-prob ('lpm'), so the calibration metrics "
+            "val-calib/<data_source>/auc_mean cannot be computed. Set actor_rollout_ref.rollout."
+            "calculate_log_probs=True (the rollout must return log-probs), make sure capo-verl is installed "
+            "in every Ray process (capo_verl.compat patches the agent-loop worker; note that a colocated "
+            "reward model, reward.reward_model.enable=True without enable_resource_pool, bypasses it), or "
+            "turn the metric off with trainer.val_calib=false (+trainer.val_calib=false if your config "
+            "lacks the key)."
+        )
+    if "acc" in reward_extra_infos_dict:
+        outcome_name, outcome = "acc", reward_extra_infos_dict["acc"]
+    else:
+        outcome_name, outcome = "reward", reward_extra_infos_dict["reward"]
+    for name, values in ((LPM_KEY, lpm_list), (outcome_name, outcome), ("uid", sample_uids)):
+        if len(values) != n:
+            raise ValueError(f"val-calib: {name} has {len(values)} entries for {n} validation responses")
+
+    sources = np.asarray([str(s) for s in data_sources], dtype=object)
+    uids = np.asarray([str(u) for u in sample_uids], dtype=object)
+    lpm = np.array([np.nan if v is None else float(v) for v in lpm_list], dtype=np.float64)
+    has_lpm = np.isfinite(lpm)
+    has_outcome = np.array([v is not None for v in outcome], dtype=bool)
+    lpm[~has_lpm] = 0.0
+    correct = np.array([v is not None and float(v) > 0.5 for v in outcome], dtype=bool)
+
+    metrics: dict[str, float] = {}
+    for source in sorted(set(sources)):
+        sel = sources == source
+        valid = has_lpm[sel] & has_outcome[sel]
+        part = capo_step_metrics(lpm[sel], correct[sel], uids[sel], valid, prefix=f"{PREFIX}/{source}/")
+        metrics.update(part)
+        missing = float((~has_lpm[sel]).mean())
+        if missing > 0:
+            metrics[f"{PREFIX}/{source}/lpm_missing_frac"] = missing
+    return metrics
+
+
+def _check_signature(fn, expected: Sequence[str], where: str) -> None:
+    """Fail at import time if verl changed a patched method's leading parameters."""
+    params = list(inspect.signature(fn).parameters)
+    if params[: len(expected)] != list(expected):
+        raise RuntimeError(
+            f"capo_verl.compat.validation: {where} has parameters {params}, expected {list(expected)} as in "
+            "verl 0.9.1; this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+        )
+
+
+def _val_calib_enabled(trainer) -> bool:
+    config = getattr(trainer, "config", None)
+    trainer_cfg = config.get("trainer", {}) if config is not None else {}
+    return bool(trainer_cfg.get("val_calib", True))
+
+
+# --- 1. verl/experimental/agent_loop/agent_loop.py: lpm into reward_extra_info ------------------------------
+def _patch_agent_loop(agent_loop) -> None:
+    """``AgentLoopWorker._compute_score(self, outputs, kwargs)`` fills ``reward_extra_info`` of the final
+    output (``outputs[-1]``); afterwards, attach that output's ``lpm``. ``AgentLoopWorkerTQ`` (v1,
+    verl/trainer/ppo/v1/agent_loop_tq.py) inherits the method."""
+    cls = agent_loop.AgentLoopWorker
+    original = cls._compute_score
+    _check_signature(original, ["self", "outputs", "kwargs"], "AgentLoopWorker._compute_score")
+
+    @functools.wraps(original)
+    async def _compute_score(self, outputs, *args, **kwargs):
+        await original(self, outputs, *args, **kwargs)
+        if outputs:
+            attach_lpm(outputs[-1])
+
+    cls._compute_score = _compute_score
+
+
+# --- 2. trainers: val-calib metrics next to verl's val-core ---------------------------------------------
+def _wrap_val_metrics_update(cls, where: str) -> None:
+    original = cls._val_metrics_update
+    _check_signature(
+        original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where
+    )
+
+    @functools.wraps(original)
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
+        # verl's own statistics without lpm (its mean@/best@/maj@ of a log-prob mean nothing); the dict that
+        # _validate dumped to trainer.validation_data_dir still has it.
+        verl_infos = {k: v for k, v in reward_extra_infos_dict.items() if k != LPM_KEY}
+        metrics = original(self, data_sources, sample_uids, verl_infos, sample_turns, *args, **kwargs)
+        if _val_calib_enabled(self):
+            metrics.update(validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos_dict))
+        return metrics
+
+    cls._val_metrics_update = _val_metrics_update
+
+
+def _patch_v1_trainer(trainer_base) -> None:
+    """verl/trainer/ppo/v1/trainer_base.py: ``PPOTrainer._val_metrics_update``."""
+    _wrap_val_metrics_update(trainer_base.PPOTrainer, "PPOTrainer._val_metrics_update")
+
+
+def _patch_legacy_trainer(ray_trainer) -> None:
+    """verl/trainer/ppo/ray_trainer.py: ``RayPPOTrainer._val_metrics_update`` (trainer.use_v1=false)."""
+    _wrap_val_metrics_update(ray_trainer.RayPPOTrainer, "RayPPOTrainer._val_metrics_update")
 
 
 def install() -> None:
-    """Apply this module's patches (none yet)."""
+    """Register the patches (applied when verl executes each module)."""
+    after_import("verl.experimental.agent_loop.agent_loop", _patch_agent_loop)
+    after_import("verl.trainer.ppo.v1.trainer_base", _patch_v1_trainer)
+    after_import("verl.trainer.ppo.ray_trainer", _patch_legacy_trainer)

@@ -1,0 +1,308 @@
+"""val-calib/<data_source>/auc_mean in verl's validation pass (capo_verl/compat/validation.py).
+
+From the small parts (verl's real AgentLoopWorker._compute_score and _val_metrics_update, patched by the
+plugin at ``import verl``) to verl's real ``PPOTrainer._validate`` end to end: real Ray actors for the
+agent loop and the reward loop, real TransferQueue and ReplayBuffer, verl's RLHFDataset on files written by
+``capo-verl prepare-data``, capo_verl.reward as the reward; only the LLM server is a stand-in (it returns
+fixed answers and log-probs instead of sampling from a model). The end-to-end run happens in a subprocess
+(this file run as a script) so its Ray instance cannot meet another test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import verl  # noqa: F401  installs capo_verl.compat (the plugin entry point)
+from capo_verl import compat
+from capo_verl.compat import validation
+from capo_verl.compat.validation import LPM_KEY, validation_calibration_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _trainer(val_calib: bool | None = True):
+    from omegaconf import OmegaConf
+
+    trainer_cfg = {} if val_calib is None else {"val_calib": val_calib}
+    return SimpleNamespace(config=OmegaConf.create({"trainer": trainer_cfg}))
+
+
+def _outputs(n_questions=3, n=4, seed=0):
+    """Per-response lists as verl's _validate builds them: 2 sources, n responses per question."""
+    rng = np.random.default_rng(seed)
+    sources, uids, acc, lpm = [], [], [], []
+    for src in ("aime24", "math500"):
+        for q in range(n_questions):
+            for i in range(n):
+                sources.append(src)
+                uids.append(f"{src}-{q}")
+                acc.append(float(i % 2 == 0) if q < n_questions - 1 else 1.0)  # last question: all correct
+                lpm.append(float(rng.normal(-0.5, 0.2)))
+    return sources, uids, {"reward": list(acc), "score": list(acc), "acc": acc, "pred": ["1"] * len(acc), LPM_KEY: lpm}
+
+
+def test_plugin_installed_the_patches():
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    assert compat.INSTALL_ERROR is None
+    for fn in (AgentLoopWorker._compute_score, PPOTrainer._val_metrics_update, RayPPOTrainer._val_metrics_update):
+        assert fn.__code__.co_filename == validation.__file__
+
+
+# --- 1. lpm attached by verl's agent-loop worker ----------------------------------------------------------
+def test_real_agent_loop_worker_attaches_lpm():
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
+
+    worker = object.__new__(AgentLoopWorker)
+    worker.reward_loop_worker_handles = None  # reward computed elsewhere: verl's part does nothing
+
+    def output(logprobs, mask, extra=None):
+        return AgentLoopOutput(
+            prompt_ids=[1, 2],
+            response_ids=list(range(len(mask))),
+            response_mask=mask,
+            response_logprobs=logprobs,
+            metrics=AgentLoopMetrics(),
+            extra_fields=extra or {},
+        )
+
+    # tool tokens (mask 0) do not count; an existing reward_extra_info keeps its keys
+    a = output([-0.2, -9.0, -0.4], [1, 0, 1], {"reward_extra_info": {"acc": 1.0}})
+    asyncio.run(worker._compute_score([a], kwargs={}))
+    assert a.extra_fields["reward_extra_info"] == {"acc": 1.0, LPM_KEY: pytest.approx(-0.3)}
+    # multi-output trajectory: the final output is the one verl scores
+    first, last = output([-1.0], [1]), output([-0.5, -0.5], [1, 1])
+    asyncio.run(worker._compute_score([first, last], kwargs={}))
+    assert "reward_extra_info" not in first.extra_fields
+    assert last.extra_fields["reward_extra_info"][LPM_KEY] == pytest.approx(-0.5)
+    # no rollout log-probs (calculate_log_probs=False): nothing attached
+    b = output(None, [1, 1])
+    asyncio.run(worker._compute_score([b], kwargs={}))
+    assert "reward_extra_info" not in b.extra_fields
+    # undefined (no generated token): NaN, so that every response has the same keys
+    c = output([-0.1], [0])
+    asyncio.run(worker._compute_score([c], kwargs={}))
+    assert math.isnan(c.extra_fields["reward_extra_info"][LPM_KEY])
+
+
+# --- 2. the metrics -------------------------------------------------------------------------------------
+def test_metrics_match_sklearn_per_question_auc():
+    from sklearn.metrics import roc_auc_score
+
+    sources, uids, infos = _outputs(n_questions=5, n=8, seed=3)
+    metrics = validation_calibration_metrics(sources, uids, infos)
+    for src in ("aime24", "math500"):
+        aucs = []
+        for q in range(5):
+            idx = [i for i, u in enumerate(uids) if u == f"{src}-{q}"]
+            y = [infos["acc"][i] for i in idx]
+            if 0 < sum(y) < len(y):
+                aucs.append(roc_auc_score(y, [infos[LPM_KEY][i] for i in idx]))
+        assert metrics[f"val-calib/{src}/auc_mean"] == pytest.approx(np.mean(aucs))
+        assert metrics[f"val-calib/{src}/mixed_group_frac"] == pytest.approx(4 / 5)
+        correct = [infos[LPM_KEY][i] for i, (s, a) in enumerate(zip(sources, infos["acc"])) if s == src and a]
+        assert metrics[f"val-calib/{src}/lpm_correct_mean"] == pytest.approx(np.mean(correct))
+
+
+def test_metrics_edge_cases():
+    # perfectly calibrated / anti-calibrated questions
+    sources = ["a"] * 4 + ["b"] * 4
+    uids = ["q1"] * 4 + ["q2"] * 4
+    acc = [1.0, 1.0, 0.0, 0.0] * 2
+    lpm = [-0.1, -0.2, -1.0, -2.0, -1.0, -2.0, -0.1, -0.2]
+    m = validation_calibration_metrics(sources, uids, {"acc": acc, LPM_KEY: lpm, "reward": acc})
+    assert m["val-calib/a/auc_mean"] == 1.0 and m["val-calib/b/auc_mean"] == 0.0
+    # no mixed question: auc_mean left out (not NaN), the fraction says why
+    m = validation_calibration_metrics(["a"] * 2, ["q"] * 2, {"acc": [1.0, 1.0], LPM_KEY: [-1.0, -2.0], "reward": [1, 1]})
+    assert "val-calib/a/auc_mean" not in m and m["val-calib/a/mixed_group_frac"] == 0.0
+    # without `acc`, correctness is reward > 0.5 (verl's own val-core choice)
+    m = validation_calibration_metrics(["a"] * 2, ["q"] * 2, {"reward": [1.0, 0.0], LPM_KEY: [-2.0, -1.0]})
+    assert m["val-calib/a/auc_mean"] == 0.0
+    # responses without a finite lpm are left out and counted
+    m = validation_calibration_metrics(
+        ["a"] * 4, ["q"] * 4, {"acc": [1.0, 0.0, 1.0, 0.0], LPM_KEY: [-0.1, -1.0, None, float("nan")], "reward": [0] * 4}
+    )
+    assert m["val-calib/a/auc_mean"] == 1.0 and m["val-calib/a/lpm_missing_frac"] == 0.5
+    assert validation_calibration_metrics([], [], {"reward": []}) == {}
+
+
+def test_no_lpm_at_all_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="calculate_log_probs=True.*trainer.val_calib=false"):
+        validation_calibration_metrics(["a", "a"], ["q", "q"], {"reward": [1.0, 0.0], "acc": [1.0, 0.0]})
+    with pytest.raises(RuntimeError, match="no validation response carries"):
+        validation_calibration_metrics(["a"], ["q"], {"reward": [1.0], LPM_KEY: [None]})
+    with pytest.raises(ValueError, match="entries for 2 validation responses"):
+        validation_calibration_metrics(["a", "a"], ["q", "q"], {"reward": [1.0], LPM_KEY: [-1.0]})
+
+
+# --- 3. verl's own _val_metrics_update, patched ------------------------------------------------------------
+@pytest.mark.parametrize("trainer_cls", ["v1", "legacy"])
+def test_real_val_metrics_update_logs_val_calib_next_to_val_core(trainer_cls):
+    if trainer_cls == "v1":
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer as cls
+    else:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer as cls
+    sources, uids, infos = _outputs()
+    kwargs = {"expected_acc_counts": {(s, u): 4 for s, u in zip(sources, uids)}} if trainer_cls == "v1" else {}
+    # num_turns: one list entry per response (v1), one array per batch (legacy)
+    turns = [2] * len(sources) if trainer_cls == "v1" else [np.full(len(sources), 2)]
+    metrics = cls._val_metrics_update(_trainer(True), sources, uids, infos, turns, **kwargs)
+    for src in ("aime24", "math500"):
+        assert f"val-core/{src}/acc/mean@4" in metrics  # verl's metric, unchanged
+        assert metrics[f"val-calib/{src}/auc_mean"] == pytest.approx(
+            validation_calibration_metrics(sources, uids, infos)[f"val-calib/{src}/auc_mean"]
+        )
+    assert not any("/lpm/" in k for k in metrics)  # lpm is not put through verl's mean@/maj@ statistics
+    assert LPM_KEY in infos  # the caller's dict (dumped to validation_data_dir) keeps it
+    # trainer.val_calib=false: verl's metrics only
+    off = cls._val_metrics_update(_trainer(False), sources, uids, infos, turns, **kwargs)
+    assert not any(k.startswith("val-calib/") for k in off)
+    assert {k: v for k, v in metrics.items() if not k.startswith("val-calib/")} == off
+    # a config without the key: on by default
+    default = cls._val_metrics_update(_trainer(None), sources, uids, infos, turns, **kwargs)
+    assert "val-calib/aime24/auc_mean" in default
+
+
+# --- 4. verl's real _validate, end to end -------------------------------------------------------------------
+def test_real_validate_end_to_end(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, __file__, "--e2e", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=REPO
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("VAL_METRICS ")]
+    assert proc.returncode == 0 and lines, (proc.stdout[-4000:], proc.stderr[-8000:])
+    metrics = json.loads(lines[-1][len("VAL_METRICS ") :])
+    # the stand-in server answers each question right 2 times out of 4; on aime24 the right answers carry the
+    # higher log-probs (AUC 1), on amc23 the wrong ones (AUC 0)
+    assert metrics["val-core/aime24/acc/mean@4"] == 0.5 and metrics["val-core/amc23/acc/mean@4"] == 0.5
+    assert metrics["val-calib/aime24/auc_mean"] == 1.0
+    assert metrics["val-calib/amc23/auc_mean"] == 0.0
+    assert metrics["val-calib/aime24/mixed_group_frac"] == 1.0
+    assert metrics["val-calib/aime24/lpm_correct_mean"] == pytest.approx(-0.1)
+    assert metrics["val-calib/aime24/lpm_incorrect_mean"] == pytest.approx(-1.0)
+    assert not any("/lpm/" in k for k in metrics)
+
+
+def _run_validate_end_to_end(workdir: Path) -> dict:
+    """Build verl's v1 sync trainer around real Ray actors and call its _validate (see module docstring)."""
+    import pandas as pd
+    import ray
+    import transfer_queue as tq
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from verl.experimental.reward_loop import RewardLoopManager
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
+    from verl.utils import hf_tokenizer
+    from verl.workers.rollout.replica import TokenOutput
+
+    from capo_verl import data
+
+    # a real Hugging Face tokenizer built offline (byte level, no merges) with a ChatML template
+    vocab = {t: i for i, t in enumerate(["<|pad|>", "<|im_start|>", "<|im_end|>", *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"]
+    )
+    hf_tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    model_dir = workdir / "model"
+    hf_tok.save_pretrained(model_dir)
+    LlamaConfig(
+        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=8192, eos_token_id=2, pad_token_id=0,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(model_dir)
+
+    # validation files written by capo-verl prepare-data, cut to 3 problems each
+    data.prepare(workdir / "data", train_source=None, benchmarks=("aime24", "amc23"))
+    golds = {}
+    for name in ("aime24", "amc23"):
+        df = pd.read_parquet(workdir / "data" / f"{name}.parquet").head(3)
+        df.to_parquet(workdir / f"{name}.parquet")
+        for extra, rm in zip(df["extra_info"], df["reward_model"], strict=True):
+            golds[extra["problem"]] = (name, rm["ground_truth"])
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose(
+            config_name="capo_qwen2.5_math_1.5b",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                f"data.train_files={workdir}/aime24.parquet",
+                f"data.val_files=[{workdir}/aime24.parquet,{workdir}/amc23.parquet]",
+                "data.max_prompt_length=2048",
+                "data.max_response_length=64",
+                "data.dataloader_num_workers=0",
+                "actor_rollout_ref.rollout.val_kwargs.n=4",
+                "actor_rollout_ref.rollout.agent.num_workers=1",
+                "reward.num_workers=1",
+                "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+            ],
+        )
+    OmegaConf.resolve(cfg)
+    cfg.transfer_queue.enable = True  # as verl's TaskRunnerV1 does
+
+    def stand_in_server(model_dir: str, golds: dict):
+        class StandInServer:
+            """Replaces the vLLM server: per question, odd calls answer right, even calls wrong; fixed log-probs."""
+
+            def __init__(self):
+                self.calls, self.tok = {}, None
+
+            async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+                from transformers import AutoTokenizer
+
+                self.tok = self.tok or AutoTokenizer.from_pretrained(model_dir)
+                prompt = self.tok.decode(prompt_ids)
+                source, gold = next(v for problem, v in golds.items() if problem in prompt)
+                k = self.calls[prompt] = self.calls.get(prompt, 0) + 1
+                correct = k % 2 == 1
+                text = f"So the answer is \\boxed{{{gold if correct else gold + '1'}}}."
+                ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+                assert sampling_params["logprobs"] and sampling_params["temperature"] == 1.0
+                confident = correct if source == "aime24" else not correct
+                return TokenOutput(token_ids=ids, log_probs=[-0.1 if confident else -1.0] * len(ids), stop_reason="completed")
+
+        return StandInServer()
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        tq.init(cfg.transfer_queue)
+        trainer = get_trainer_cls("sync")(cfg)
+        trainer.tokenizer, trainer.processor = hf_tokenizer(str(model_dir)), None
+        trainer._init_dataloader()
+        trainer._init_dump_executor()
+        trainer.global_steps = 0
+        trainer.reward_loop_manager = RewardLoopManager(cfg)
+        trainer.agent_loop_manager = AgentLoopManagerTQ.create(
+            config=cfg,
+            llm_client=stand_in_server(str(model_dir), golds),
+            teacher_client=None,
+            reward_loop_worker_handles=trainer.reward_loop_manager.reward_loop_worker_handles,
+        )
+        metrics = trainer._validate()
+        trainer._shutdown_dump_executor()
+        return {k: float(v) for k, v in metrics.items()}
+    finally:
+        tq.close()
+        ray.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--e2e"]:
+    out = _run_validate_end_to_end(Path(sys.argv[2]))
+    print("VAL_METRICS " + json.dumps(out), flush=True)
