@@ -47,7 +47,11 @@ capo_launch() {
         case "$arg" in
             --dry-run) dry_run=1 ;;
             -h | --help) _capo_usage "$config_name"; return 0 ;;
-            --*) echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2; _capo_usage "$config_name" >&2; return 2 ;;
+            --*)
+                echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2
+                _capo_usage "$config_name" >&2
+                return 2
+                ;;
             *) overrides+=("$arg") ;;
         esac
     done

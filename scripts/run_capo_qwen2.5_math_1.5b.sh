@@ -2,13 +2,15 @@
 # CAPO (logistic AUC advantages + reference-PPL noise mask, no KL) on Qwen/Qwen2.5-Math-1.5B:
 #   configs/capo_qwen2.5_math_1.5b.yaml, 600 steps on 8 GPUs.
 #
-#   bash scripts/run_capo_qwen2.5_math_1.5b.sh                       # train (single node, local Ray)
-#   bash scripts/run_capo_qwen2.5_math_1.5b.sh --dry-run             # print the command and the resolved config only
-#   bash scripts/run_capo_qwen2.5_math_1.5b.sh trainer.test_freq=10  # any Hydra override is passed to verl
-#   bash scripts/run_capo_qwen2.5_math_1.5b.sh ablation=tau0.4       # an ablation of configs/ablation/ (or scripts/run_ablations.sh)
+#   bash scripts/run_capo_qwen2.5_math_1.5b.sh                       # train (one node, local Ray)
+#   bash scripts/run_capo_qwen2.5_math_1.5b.sh --dry-run             # command + resolved config only
+#   bash scripts/run_capo_qwen2.5_math_1.5b.sh trainer.test_freq=10  # Hydra overrides go to verl
+#   bash scripts/run_capo_qwen2.5_math_1.5b.sh ablation=tau0.4       # configs/ablation/<name>.yaml on top
 #
-# Paths, model and cluster: CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B (default Qwen/Qwen2.5-Math-1.5B), CAPO_VAL_SETS, NNODES,
-# N_GPUS_PER_NODE, RAY_ADDRESS; multi-node through an existing Ray cluster: see scripts/_common.sh.
+# Paths, model and cluster: CAPO_DATA_DIR, CAPO_CKPT_DIR,
+#   CAPO_MODEL_1_5B (default Qwen/Qwen2.5-Math-1.5B),
+#   CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS (multi-node through an existing Ray cluster:
+#   see scripts/_common.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 capo_launch capo_qwen2.5_math_1.5b "${CAPO_MODEL_1_5B:-Qwen/Qwen2.5-Math-1.5B}" "$@"

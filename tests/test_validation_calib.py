@@ -124,15 +124,15 @@ def test_metrics_edge_cases():
     m = validation_calibration_metrics(sources, uids, {"acc": acc, LPM_KEY: lpm, "reward": acc})
     assert m["val-calib/a/auc_mean"] == 1.0 and m["val-calib/b/auc_mean"] == 0.0
     # no mixed question: auc_mean left out (not NaN), the fraction says why
-    m = validation_calibration_metrics(["a"] * 2, ["q"] * 2, {"acc": [1.0, 1.0], LPM_KEY: [-1.0, -2.0], "reward": [1, 1]})
+    infos = {"acc": [1.0, 1.0], LPM_KEY: [-1.0, -2.0], "reward": [1, 1]}
+    m = validation_calibration_metrics(["a"] * 2, ["q"] * 2, infos)
     assert "val-calib/a/auc_mean" not in m and m["val-calib/a/mixed_group_frac"] == 0.0
     # without `acc`, correctness is reward > 0.5 (verl's own val-core choice)
     m = validation_calibration_metrics(["a"] * 2, ["q"] * 2, {"reward": [1.0, 0.0], LPM_KEY: [-2.0, -1.0]})
     assert m["val-calib/a/auc_mean"] == 0.0
     # responses without a finite lpm are left out and counted
-    m = validation_calibration_metrics(
-        ["a"] * 4, ["q"] * 4, {"acc": [1.0, 0.0, 1.0, 0.0], LPM_KEY: [-0.1, -1.0, None, float("nan")], "reward": [0] * 4}
-    )
+    infos = {"acc": [1.0, 0.0, 1.0, 0.0], LPM_KEY: [-0.1, -1.0, None, float("nan")], "reward": [0] * 4}
+    m = validation_calibration_metrics(["a"] * 4, ["q"] * 4, infos)
     assert m["val-calib/a/auc_mean"] == 1.0 and m["val-calib/a/lpm_missing_frac"] == 0.5
     assert validation_calibration_metrics([], [], {"reward": []}) == {}
 
@@ -210,7 +210,8 @@ def _run_validate_end_to_end(workdir: Path) -> dict:
     from capo_verl import data
 
     # a real Hugging Face tokenizer built offline (byte level, no merges) with a ChatML template
-    vocab = {t: i for i, t in enumerate(["<|pad|>", "<|im_start|>", "<|im_end|>", *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    tokens = ["<|pad|>", "<|im_start|>", "<|im_end|>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -276,7 +277,8 @@ def _run_validate_end_to_end(workdir: Path) -> dict:
                 ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
                 assert sampling_params["logprobs"] and sampling_params["temperature"] == 1.0
                 confident = correct if source == "aime24" else not correct
-                return TokenOutput(token_ids=ids, log_probs=[-0.1 if confident else -1.0] * len(ids), stop_reason="completed")
+                log_probs = [-0.1 if confident else -1.0] * len(ids)
+                return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed")
 
         return StandInServer()
 

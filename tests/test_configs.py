@@ -1,0 +1,327 @@
+"""Every paper config composes with verl 0.9.1's real ppo_trainer config, passes verl's validate_config on CPU,
+and resolves to the values of the paper's appendix table (configs/, capo_verl/reward.py wiring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat), as verl's launcher does
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.reward import get_custom_reward_fn
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+from verl.workers.config import RolloutConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+RUNS = [f"{m}_qwen2.5_math_{s}" for m in ("grpo", "gspo", "capo") for s in ("1.5b", "7b")]
+ABLATIONS = ["tau0.4", "tau0.6", "tau1.0", "mask_1.25_2.1", "no_mask", "grpo_mask"]
+HF_ID = {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}
+STEPS = {"1.5b": 600, "7b": 400}
+TAU = {"1.5b": 0.6, "7b": 0.5}
+
+
+PATH_VARIABLES = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
+
+
+@pytest.fixture(autouse=True)
+def _no_path_variables(monkeypatch):
+    """The configs read CAPO_* variables; tests see the defaults unless they set them."""
+    for key in PATH_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+
+
+def compose_checked(name: str, overrides: list[str] | None = None):
+    """Compose like verl.trainer.main_ppo, run verl's validate_config, resolve every interpolation."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=name, overrides=overrides or [])
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def assert_paper_table(cfg):
+    """The appendix table and the shared settings of configs/base.yaml."""
+    arr, actor, rollout = cfg.actor_rollout_ref, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert cfg.data.train_batch_size == 128
+    assert actor.ppo_mini_batch_size == 64
+    assert cfg.data.max_prompt_length == 1050 and rollout.prompt_length == 1050
+    assert cfg.data.max_response_length == 3046 and rollout.response_length == 3046
+    assert rollout.n == 8 and actor.rollout_n == 8
+    assert rollout.temperature == 1.0 and rollout.top_p == 1.0 and rollout.top_k == -1 and rollout.do_sample
+    assert rollout.val_kwargs.n == 16
+    assert rollout.val_kwargs.temperature == 1.0 and rollout.val_kwargs.top_p == 1.0
+    assert rollout.val_kwargs.do_sample is True
+    assert actor.optim.lr == pytest.approx(1e-6)
+    assert actor.entropy_coeff == 0
+    # no KL anywhere
+    assert actor.use_kl_loss is False and actor.kl_loss_coef == 0
+    assert cfg.algorithm.use_kl_in_reward is False and cfg.algorithm.kl_ctrl.kl_coef == 0
+    assert actor.loss_agg_mode == "seq-mean-token-mean"
+    assert rollout.name == "vllm" and rollout.mode == "async"
+    assert rollout.calculate_log_probs is True
+    assert cfg.trainer.n_gpus_per_node == 8 and cfg.trainer.nnodes == 1
+    assert cfg.trainer.val_calib is True
+    assert cfg.reward.custom_reward_function.path == "pkg://capo_verl.reward"
+    assert cfg.reward.custom_reward_function.name == "compute_score"
+    assert arr.model.use_remove_padding is True
+    assert need_critic(cfg) is False  # no value model in any run
+    assert cfg.trainer.project_name == "capo"
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_run_config_composes_validates_and_matches_paper(name):
+    method, size = name.split("_")[0], name.rsplit("_", 1)[1]
+    cfg = compose_checked(name)
+    assert_paper_table(cfg)
+    actor = cfg.actor_rollout_ref.actor
+    assert cfg.actor_rollout_ref.model.path == HF_ID[size]
+    assert cfg.trainer.total_training_steps == STEPS[size]
+    assert cfg.trainer.experiment_name == name
+    assert cfg.trainer.default_local_dir == f"/home/u/checkpoints/capo/capo/{name}"
+    assert cfg.data.train_files == "/home/u/data/capo/deepscaler_train.parquet"
+    assert list(cfg.data.val_files) == [f"/home/u/data/capo/{n}.parquet" for n in ("deepscaler_val", "aime24", "aime25")]
+    # the rollout section converts to verl's RolloutConfig dataclass (as the workers do)
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout, dataclass_type=RolloutConfig).n == 8
+    if method == "grpo":
+        assert cfg.algorithm.adv_estimator == "grpo"
+        assert cfg.algorithm.norm_adv_by_std_in_grpo is False  # Dr. GRPO
+        assert actor.policy_loss.loss_mode == "vanilla"
+        assert actor.clip_ratio_low == 0.2 and actor.clip_ratio_high == 0.2 and actor.clip_ratio == 0.2
+        assert need_reference_policy(cfg) is False
+    elif method == "gspo":
+        assert cfg.algorithm.adv_estimator == "grpo"
+        assert actor.policy_loss.loss_mode == "gspo"
+        assert actor.loss_agg_mode == "seq-mean-token-mean"
+        assert actor.clip_ratio_low == pytest.approx(3e-4) and actor.clip_ratio_high == pytest.approx(4e-4)
+        assert core_algos.get_policy_loss_fn("gspo") is not None
+        assert need_reference_policy(cfg) is False
+    else:
+        assert cfg.algorithm.adv_estimator == "capo"
+        assert dict(cfg.algorithm.capo) == {
+            "tau": TAU[size],
+            "ref_high": 2.5,
+            "ref_low": 1.05,
+            "use_mask": True,
+            "normalize": "none",
+            "reward_threshold": 0.5,
+        }
+        assert actor.clip_ratio_low == 0.2 and actor.clip_ratio_high == 0.2
+        # the noise mask needs ref_log_prob: the reference pass is on, without any KL term
+        assert need_reference_policy(cfg) is True
+    # the estimator name is registered with verl (capo by capo_verl.estimator, grpo by verl)
+    assert core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator) is not None
+
+
+@pytest.mark.parametrize("size", ["1.5b", "7b"])
+@pytest.mark.parametrize("ablation", ABLATIONS)
+def test_ablation_configs(ablation, size):
+    cfg = compose_checked(f"capo_qwen2.5_math_{size}", [f"ablation={ablation}"])
+    assert_paper_table(cfg)
+    capo = cfg.algorithm.capo
+    expected_name = {
+        "tau0.4": f"capo_tau0.4_qwen2.5_math_{size}",
+        "tau0.6": f"capo_tau0.6_qwen2.5_math_{size}",
+        "tau1.0": f"capo_tau1.0_qwen2.5_math_{size}",
+        "mask_1.25_2.1": f"capo_mask1.25-2.1_qwen2.5_math_{size}",
+        "no_mask": f"capo_no_mask_qwen2.5_math_{size}",
+        "grpo_mask": f"grpo_mask_qwen2.5_math_{size}",
+    }[ablation]
+    assert cfg.trainer.experiment_name == expected_name  # own checkpoint folder: never resumes another run
+    assert cfg.trainer.total_training_steps == STEPS[size]
+    if ablation.startswith("tau"):
+        assert cfg.algorithm.adv_estimator == "capo"
+        assert capo.tau == float(ablation[3:])
+        assert (capo.ref_low, capo.ref_high, capo.use_mask) == (1.05, 2.5, True)
+    elif ablation == "mask_1.25_2.1":
+        assert (capo.ref_low, capo.ref_high, capo.use_mask, capo.tau) == (1.25, 2.1, True, TAU[size])
+    elif ablation == "no_mask":
+        assert capo.use_mask is False and capo.tau == TAU[size]
+        assert need_reference_policy(cfg) is False  # no reference model without the mask
+    else:
+        assert cfg.algorithm.adv_estimator == "grpo_mask"
+        assert cfg.algorithm.norm_adv_by_std_in_grpo is False
+        assert (capo.ref_low, capo.ref_high, capo.use_mask, capo.reward_threshold) == (1.05, 2.5, True, 0.5)
+        assert need_reference_policy(cfg) is True
+    assert core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator) is not None
+
+
+def test_ablation_folder_matches_sweep_script():
+    files = sorted(p.stem for p in (CONFIG_DIR / "ablation").glob("*.yaml"))
+    assert files == sorted(ABLATIONS + ["none"])
+    script = (CONFIG_DIR.parent / "scripts" / "run_ablations.sh").read_text()
+    assert f"ALL_ABLATIONS=({' '.join(ABLATIONS)})" in script
+
+
+@pytest.mark.parametrize("size", ["1.5b", "7b"])
+def test_paths_from_variables(monkeypatch, size):
+    """Set once in the environment: data, checkpoints and model follow (also without the launch scripts)."""
+    monkeypatch.setenv("CAPO_DATA_DIR", "/data/capo")
+    monkeypatch.setenv("CAPO_CKPT_DIR", "/ckpt")
+    monkeypatch.setenv("CAPO_MODEL_1_5B", "/models/m15")
+    monkeypatch.setenv("CAPO_MODEL_7B", "/models/m7")
+    cfg = compose_checked(f"gspo_qwen2.5_math_{size}")
+    assert cfg.actor_rollout_ref.model.path == {"1.5b": "/models/m15", "7b": "/models/m7"}[size]
+    assert cfg.data.train_files == "/data/capo/deepscaler_train.parquet"
+    assert cfg.data.val_files[0] == "/data/capo/deepscaler_val.parquet"
+    assert cfg.trainer.default_local_dir == f"/ckpt/capo/gspo_qwen2.5_math_{size}"
+
+
+def test_overrides_without_plus():
+    """Users override the CAPO keys directly (no '+'), and the ablation tag follows the override."""
+    cfg = compose_checked(
+        "capo_qwen2.5_math_1.5b",
+        ["algorithm.capo.tau=0.3", "algorithm.capo.ref_high=3.0", "trainer.val_calib=false", "trainer.nnodes=2"],
+    )
+    assert cfg.algorithm.capo.tau == 0.3 and cfg.algorithm.capo.ref_high == 3.0
+    assert cfg.trainer.val_calib is False and cfg.trainer.nnodes == 2
+
+
+def test_reward_function_loads_through_verl():
+    """verl's own loader finds capo_verl.reward.compute_score from the config and it grades."""
+    cfg = compose_checked("grpo_qwen2.5_math_1.5b")
+    fn = get_custom_reward_fn(cfg)
+    out = fn(data_source="aime24", solution_str="so the answer is \\boxed{204}.", ground_truth="204", extra_info={})
+    assert out == {"score": 1.0, "acc": 1.0, "pred": "204"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launch scripts: --dry-run on CPU (all scripts start at once: each one imports verl, ~10 s of CPU)
+# ---------------------------------------------------------------------------------------------------------
+import os  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+SCRIPTS_DIR = CONFIG_DIR.parent / "scripts"
+DRY_RUNS = {f"run_{name}.sh": ["--dry-run", "trainer.test_freq=7"] for name in RUNS}
+DRY_RUNS["run_ablations.sh"] = ["--dry-run", "--only", "tau0.4,grpo_mask", "--size", "7b"]
+
+
+def _script_env(data_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *PATH_VARIABLES):
+        env.pop(key, None)
+    env.update(
+        PYTHON=sys.executable,
+        CAPO_DATA_DIR=str(data_dir),
+        CAPO_CKPT_DIR="/ckpt/capo",
+        CAPO_MODEL_1_5B="/models/qwen-math-1.5b",
+        NNODES="2",
+    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """Run every script's --dry-run concurrently; {script: CompletedProcess-like (rc, out, err)}."""
+    data_dir = tmp_path_factory.mktemp("data")  # empty: the dry run warns about missing files, starts nothing
+    env = _script_env(data_dir)
+    procs = {
+        script: subprocess.Popen(
+            ["bash", str(SCRIPTS_DIR / script), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script, args in DRY_RUNS.items()
+    }
+    results = {}
+    for script, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        results[script] = (proc.returncode, out, err)
+    return data_dir, results
+
+
+def _resolved_configs(out: str) -> list:
+    """The YAML documents printed after '# resolved config' (one per run of the script)."""
+    docs = []
+    for chunk in out.split("# resolved config")[1:]:
+        body = chunk.split("\n", 1)[1]
+        body = body.split("# =====")[0]  # run_ablations.sh: next run's banner
+        lines = [ln for ln in body.splitlines() if not ln.startswith("[validate_config]")]
+        docs.append(OmegaConf.create("\n".join(lines)))
+    return docs
+
+
+def _commands(out: str) -> list[list[str]]:
+    lines = out.splitlines()
+    return [shlex.split(lines[i + 1]) for i, ln in enumerate(lines) if ln.startswith("# command (dry run")]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_run_script_dry_run(dry_runs, name):
+    data_dir, results = dry_runs
+    rc, out, err = results[f"run_{name}.sh"]
+    assert rc == 0, err[-3000:]
+    assert "All configuration checks passed" in out  # verl's validate_config ran
+    size = name.rsplit("_", 1)[1]
+    [cmd] = _commands(out)
+    assert cmd[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+    assert f"--config-path={CONFIG_DIR}" in cmd and f"--config-name={name}" in cmd
+    assert cmd[-1] == "trainer.test_freq=7"  # "$@" passed through, last
+    assert f"# warning: {data_dir}/deepscaler_train.parquet does not exist yet" in out
+    [cfg] = _resolved_configs(out)
+    model = "/models/qwen-math-1.5b" if size == "1.5b" else HF_ID["7b"]  # env variable, else the HF id
+    assert cfg.actor_rollout_ref.model.path == model
+    assert cfg.data.train_files == f"{data_dir}/deepscaler_train.parquet"
+    assert list(cfg.data.val_files) == [f"{data_dir}/{n}.parquet" for n in ("deepscaler_val", "aime24", "aime25")]
+    assert cfg.trainer.default_local_dir == f"/ckpt/capo/capo/{name}"
+    assert cfg.trainer.nnodes == 2 and cfg.trainer.n_gpus_per_node == 8
+    assert cfg.trainer.test_freq == 7
+    assert cfg.trainer.total_training_steps == STEPS[size]
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16 and cfg.data.train_batch_size == 128
+
+
+def test_ablation_sweep_dry_run(dry_runs):
+    _, results = dry_runs
+    rc, out, err = results["run_ablations.sh"]
+    assert rc == 0, err[-3000:]
+    cmds = _commands(out)
+    assert [c[-1] for c in cmds] == ["ablation=tau0.4", "ablation=grpo_mask"]
+    assert all("--config-name=capo_qwen2.5_math_7b" in c for c in cmds)
+    tau, mask = _resolved_configs(out)
+    assert tau.trainer.experiment_name == "capo_tau0.4_qwen2.5_math_7b" and tau.algorithm.capo.tau == 0.4
+    assert mask.trainer.experiment_name == "grpo_mask_qwen2.5_math_7b"
+    assert mask.algorithm.adv_estimator == "grpo_mask"
+
+
+def test_printed_command_is_what_verl_main_ppo_parses(dry_runs):
+    """The exact printed command, given to verl's real Hydra entry point (with --cfg job: print, no run)."""
+    _, results = dry_runs
+    [cmd] = _commands(results["run_capo_qwen2.5_math_1.5b.sh"][1])
+    proc = subprocess.run(
+        [*cmd, "ablation=no_mask", "--cfg", "job", "--resolve"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = OmegaConf.create(proc.stdout)
+    assert cfg.trainer.experiment_name == "capo_no_mask_qwen2.5_math_1.5b"
+    assert cfg.trainer.default_local_dir == "/ckpt/capo/capo/capo_no_mask_qwen2.5_math_1.5b"
+    assert cfg.algorithm.capo.use_mask is False and cfg.trainer.test_freq == 7
+
+
+def test_launch_refuses_without_data(tmp_path):
+    """Without --dry-run the script checks the data files first and names the fix; nothing starts."""
+    env = _script_env(tmp_path)
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS_DIR / "run_grpo_qwen2.5_math_1.5b.sh")], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "missing data file(s)" in proc.stderr and "capo-verl prepare-data" in proc.stderr
+
+
+def test_script_rejects_unknown_option(tmp_path):
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS_DIR / "run_capo_qwen2.5_math_7b.sh"), "--dryrun"],
+        env=_script_env(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "unknown option --dryrun" in proc.stderr
