@@ -73,6 +73,7 @@ def assert_paper_table(cfg):
     assert arr.model.use_remove_padding is True
     assert need_critic(cfg) is False  # no value model in any run
     assert cfg.trainer.project_name == "capo"
+    assert cfg.trainer.save_freq == 100 and cfg.trainer.test_freq == 20 and cfg.trainer.max_actor_ckpt_to_keep == 2
 
 
 @pytest.mark.parametrize("name", RUNS)
