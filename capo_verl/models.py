@@ -212,6 +212,7 @@ def tiny_model_checkpoint(
     vocab_size: int = 384,
     hidden_size: int = 32,
     num_layers: int = 2,
+    init_std: float = 0.02,
     seed: int = 0,
 ) -> Path:
     """Write a tiny random Qwen2 causal LM with a real tokenizer to ``out_dir`` (a few seconds, no download).
@@ -225,6 +226,9 @@ def tiny_model_checkpoint(
         vocab_size: tokenizer/model vocabulary size.
         hidden_size: model width (heads: 4 query, 2 key/value; MLP 2x width).
         num_layers: transformer layers.
+        init_std: standard deviation of the random weights (transformers' ``initializer_range``). The default
+            gives near-uniform next-token distributions; larger values give peaked ones, whose probabilities
+            move visibly when the weights change.
         seed: torch seed of the random initialisation (same seed -> same weights).
 
     Returns:
@@ -271,6 +275,7 @@ def tiny_model_checkpoint(
         num_key_value_heads=2,
         max_position_embeddings=1024,
         tie_word_embeddings=False,
+        initializer_range=init_std,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

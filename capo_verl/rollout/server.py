@@ -155,6 +155,8 @@ class HFRolloutServer:
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.batch_running = False
         self._abort = False
         self._paused = False
         self._rejecting = False
@@ -231,11 +233,14 @@ class HFRolloutServer:
 
     # ------------------------------------------------------------- generation
     async def _ensure_loop_objects(self) -> None:
-        if self._lock is None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first call (Ray's actor loop), or a new loop when driven without Ray
+            self._loop = loop
             self._lock = asyncio.Lock()
             self._wakeup = asyncio.Event()
             self._resume = asyncio.Event()
             self._resume.set()
+            self._batcher = None
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
 
@@ -360,7 +365,20 @@ class HFRolloutServer:
         if not self._on_device:
             raise RuntimeError("hf rollout: generate called while the server sleeps (weights offloaded)")
         t0 = time.time()
-        outs = generate_batch(
+        self.batch_running = True
+        try:
+            outs = self._decode(batch)
+        finally:
+            self.batch_running = False
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(batch)
+        self.stats["tokens"] += sum(len(o.token_ids) for o in outs)
+        self.stats["generate_s"] += time.time() - t0
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
+        return outs
+
+    def _decode(self, batch: list[_Request]) -> list[SampleOutput]:
+        return generate_batch(
             self.model,
             [r.prompt_ids for r in batch],
             [r.spec for r in batch],
@@ -371,12 +389,6 @@ class HFRolloutServer:
             generator=self._generator,
             should_abort=lambda: self._abort,
         )
-        self.stats["batches"] += 1
-        self.stats["sequences"] += len(batch)
-        self.stats["tokens"] += sum(len(o.token_ids) for o in outs)
-        self.stats["generate_s"] += time.time() - t0
-        self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
-        return outs
 
     async def get_stats(self) -> dict[str, Any]:
         """Counters: batches, sequences, tokens generated, seconds in generation, largest batch."""

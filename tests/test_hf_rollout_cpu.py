@@ -1,0 +1,130 @@
+"""The CPU platform that lets verl's trainer (and the ``hf`` rollout) run without an accelerator.
+
+Real verl objects only: the platform registry, the FSDP engine registry, ``HFModelConfig``, verl's process-group
+helper and flops counter. The tests that need "no accelerator" skip on a machine that has one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import capo_verl.plugin  # noqa: F401  (the plugin, as verl loads it)
+
+needs_no_accelerator = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present: verl uses it")
+
+
+@needs_no_accelerator
+def test_verl_resolves_the_cpu_platform():
+    from verl.plugin.platform import get_platform
+    from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_torch_device
+
+    platform = get_platform()
+    assert platform.device_name == get_device_name() == "cpu"
+    assert get_nccl_backend() == "gloo"
+    assert torch.zeros(1).to(get_device_id()).device.type == "cpu"  # verl passes it to torch as a device
+    module = get_torch_device()
+    free, total = module.mem_get_info()
+    assert 0 < free <= total
+    assert module.memory_allocated() == 0 and module.get_device_name() == "CPU"
+    module.empty_cache()
+    module.set_rng_state(module.get_rng_state())
+
+
+@needs_no_accelerator
+def test_flops_counter_knows_the_cpu():
+    from verl.utils.flops_counter import get_device_flops
+
+    assert get_device_flops() == pytest.approx(0.448)  # verl's _DEVICE_FLOPS["CPU"] in TFLOPS
+
+
+def test_cpu_platform_is_not_picked_when_an_accelerator_platform_is_available():
+    from verl.plugin.platform import PlatformRegistry
+
+    cpu = PlatformRegistry.get("cpu")()
+    others = [PlatformRegistry.get(n)().is_platform_available(use_smi_check=True)
+              for n in PlatformRegistry.registered_names() if n != "cpu"]
+    assert cpu.is_platform_available(use_smi_check=True) == (not any(others))
+    assert list(PlatformRegistry.registered_names())[-1] == "cpu"  # tried after verl's own platforms
+
+
+@needs_no_accelerator
+def test_fsdp_engine_is_registered_for_cpu_and_ref_offload_does_not_pin():
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+
+    assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is transformer_impl.FSDPEngineWithLMHead
+    assert EngineRegistry.get_engine_cls("value_model", "fsdp2") is transformer_impl.FSDPEngineWithValueHead
+    policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
+    assert policy.pin_memory is False
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    assert isinstance(policy, CPUOffloadPolicy)
+
+
+@needs_no_accelerator
+def test_attention_defaults_to_sdpa_and_flash_attention_is_refused(tmp_path):
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+
+    from capo_verl.models import tiny_model_checkpoint
+
+    path = tiny_model_checkpoint(tmp_path / "tiny")
+    cfg = omega_conf_to_dataclass(OmegaConf.create({"path": str(path)}), dataclass_type=HFModelConfig)
+    assert cfg.hf_config._attn_implementation == "sdpa"
+    eager = omega_conf_to_dataclass(
+        OmegaConf.create({"path": str(path), "override_config": {"attn_implementation": "eager"}}),
+        dataclass_type=HFModelConfig,
+    )
+    assert eager.hf_config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match="override_config.attn_implementation=flash_attention_2"):
+        omega_conf_to_dataclass(
+            OmegaConf.create({"path": str(path), "override_config": {"attn_implementation": "flash_attention_2"}}),
+            dataclass_type=HFModelConfig,
+        )
+
+
+@needs_no_accelerator
+def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
+    """``initialize_global_process_group_ray`` (what every verl worker calls) works with 2 ranks on CPU."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = textwrap.dedent(
+        """
+        import os, torch, torch.distributed as dist, verl
+        from verl.utils.distributed import initialize_global_process_group_ray
+        initialize_global_process_group_ray(timeout_second=60)
+        t = torch.tensor([float(os.environ["RANK"]) + 1])
+        dist.all_reduce(t)
+        print(dist.get_backend(), t.item())
+        dist.destroy_process_group()
+        """
+    )
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert out.strip().splitlines()[-1] == "gloo 3.0"
+
+
+def test_hf_rollout_is_registered_in_both_verl_registries():
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from capo_verl.rollout.adapter import HFServerAdapter
+    from capo_verl.rollout.replica import HFReplica
+
+    assert get_rollout_replica_class("hf") is HFReplica
+    assert get_rollout_class("hf", "async") is HFServerAdapter
