@@ -119,7 +119,7 @@ def test_deterministic_and_resumable(tiny, tmp_path):
     fresh, resumed, other = tmp_path / "fresh.jsonl", tmp_path / "resumed.jsonl", tmp_path / "other.jsonl"
     torch.manual_seed(123)
     rng_before = torch.get_rng_state()
-    G.generate(problems, backend, settings, fresh, scorer=digit_scorer, progress=False)
+    G.generate(problems, backend, settings, fresh, scorer=digit_scorer, progress=True, chunk=1)
     assert torch.equal(torch.get_rng_state(), rng_before)  # the caller's RNG is left alone
     # a run interrupted after 2 questions, with a torn half-written line at the end, then resumed
     G.generate(problems[:2], backend, settings, resumed, scorer=digit_scorer, progress=False)

@@ -64,7 +64,8 @@ def plot_precision_coverage(cols: Mapping[str, Mapping[str, np.ndarray]], path, 
             ax.plot(levels, at, "o", color=color, ms=3.5)
         ax.set_title(panel, fontsize=10)
         ax.set_xlim(0, 1)
-        ax.set_ylim(-0.02, min(1.02, 1.1 * top + 0.03))  # low-accuracy models stay readable
+        ymax = min(1.02, 1.1 * top + 0.03)  # low-accuracy models stay readable
+        ax.set_ylim(-0.03 * ymax, ymax)
         ax.set_xlabel("coverage (fraction answered)")
         ax.set_ylabel("precision (accuracy of answered)")
         ax.grid(alpha=0.3)
@@ -107,17 +108,17 @@ def plot_accuracy_vs_auc(results: Mapping[str, Mapping[str, dict]], path) -> Pat
             if math.isnan(m["auc_mean"]):
                 skipped.add(s)
                 continue
-            ax.scatter(m["auc_mean"], m["mean_acc"], marker=marker[s], color=color, s=36, alpha=0.8)
+            ax.scatter(m["auc_mean"], 100 * m["mean_acc"], marker=marker[s], color=color, s=36, alpha=0.8)
         avg = r.get("macro_avg") or r.get(sources[0] if len(sources) == 1 else "all")
         if avg is not None and not math.isnan(avg["auc_mean"]):
-            ax.scatter(avg["auc_mean"], avg["mean_acc"], marker="*", color=color, s=260, edgecolor="k", zorder=3,
+            ax.scatter(avg["auc_mean"], 100 * avg["mean_acc"], marker="*", color=color, s=260, edgecolor="k", zorder=3,
                        label=f"{label}: average" if "macro_avg" in r else label)
-            ax.annotate(label, (avg["auc_mean"], avg["mean_acc"]), textcoords="offset points", xytext=(7, 6),
+            ax.annotate(label, (avg["auc_mean"], 100 * avg["mean_acc"]), textcoords="offset points", xytext=(7, 6),
                         fontsize=9)
     ax.axvline(0.5, color="0.6", ls="--", lw=1)
     ax.text(0.5, 1.0, " random ranking", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="0.4")
     ax.set_xlabel("AUC-mean (lpm vs correctness; higher = better calibrated)")
-    ax.set_ylabel("mean@k accuracy")
+    ax.set_ylabel("mean@k accuracy (%)")
     ax.set_title("Accuracy vs calibration (star: average over data sources)", fontsize=10)
     ax.grid(alpha=0.3)
     handles, labels_ = ax.get_legend_handles_labels()

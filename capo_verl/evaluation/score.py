@@ -266,7 +266,9 @@ def write_report(results: Mapping[str, dict], files: Mapping[str, str], metas: M
         lines += ["", f"## {source}", ""]
         lines += _table(labels, _source_rows([results[l].get(source) for l in labels]))
     if any("macro_avg" in r for r in results.values()):
-        lines += ["", "## average over data sources (unweighted, as the paper's Figure 1a)", ""]
+        lines += ["", "## average over data sources (unweighted, as the paper's Figure 1a)", "",
+                  "Each metric averages the data sources where it is defined (AUC-mean needs a question with "
+                  "both outcomes).", ""]
         rows = [("data sources", [str(results[l]["macro_avg"]["n_data_sources"]) if "macro_avg" in results[l]
                                   else "–" for l in labels]),
                 ("mean@k accuracy (%)", [_pct(results[l].get("macro_avg", {}).get("mean_acc")) for l in labels]),
