@@ -20,9 +20,10 @@ name, so every module that later does ``from that.module import name`` binds the
 from __future__ import annotations
 
 import importlib.abc
+import inspect
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 logger = logging.getLogger("capo_verl")
@@ -46,6 +47,16 @@ def check_verl_version() -> str:
             "or port capo_verl/compat to this release and add it to TESTED_VERL_VERSIONS."
         )
     return version
+
+
+def check_signature(fn, expected: Sequence[str], where: str) -> None:
+    """Raise RuntimeError if ``fn``'s leading parameters are not ``expected`` (verl changed the patched code)."""
+    params = list(inspect.signature(fn).parameters)
+    if params[: len(expected)] != list(expected):
+        raise RuntimeError(
+            f"capo_verl.compat: {where} has parameters {params}, expected {list(expected)} as in verl 0.9.1; "
+            "this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+        )
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 
-from . import after_import
+from . import after_import, check_signature
 
 logger = logging.getLogger("capo_verl")
 
@@ -97,15 +96,6 @@ def _estimator_name(adv_estimator) -> str:
     return getattr(adv_estimator, "value", adv_estimator)
 
 
-def _check_signature(fn, expected: Sequence[str], where: str) -> None:
-    params = list(inspect.signature(fn).parameters)
-    if params[: len(expected)] != list(expected):
-        raise RuntimeError(
-            f"capo_verl.compat: {where} has parameters {params}, expected {list(expected)} as in verl 0.9.1; "
-            "this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
-        )
-
-
 # --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------
 def _patch_compute_advantage(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: wrap ``compute_advantage`` (also used by the v1 trainer, which
@@ -113,7 +103,7 @@ def _patch_compute_advantage(ray_trainer) -> None:
     from verl.trainer.ppo import core_algos
 
     original = ray_trainer.compute_advantage
-    _check_signature(original, ["data", "adv_estimator", "gamma", "lam", "num_repeat"], "compute_advantage")
+    check_signature(original, ["data", "adv_estimator", "gamma", "lam", "num_repeat"], "compute_advantage")
 
     @functools.wraps(original)
     def compute_advantage(data, adv_estimator, *args, **kwargs):
@@ -158,7 +148,7 @@ def _patch_need_reference_policy(utils) -> None:
     """verl/trainer/ppo/utils.py: ``need_reference_policy`` is ``use_kl_in_reward or use_kl_loss``; add the
     estimator's own need. Applied before main_ppo.py, ray_trainer.py and v1/trainer_base.py import it."""
     original = utils.need_reference_policy
-    _check_signature(original, ["config"], "need_reference_policy")
+    check_signature(original, ["config"], "need_reference_policy")
 
     @functools.wraps(original)
     def need_reference_policy(config) -> bool:
@@ -186,7 +176,7 @@ def _patch_v1_trainer(trainer_base) -> None:
     metrics the estimator recorded to that step's ``metrics`` dict."""
     cls = trainer_base.PPOTrainer
     original = cls._compute_advantage
-    _check_signature(original, ["self", "batch", "metrics"], "PPOTrainer._compute_advantage")
+    check_signature(original, ["self", "batch", "metrics"], "PPOTrainer._compute_advantage")
 
     @functools.wraps(original)
     def _compute_advantage(self, batch, metrics):

@@ -29,14 +29,13 @@ step 2 off. With it on, a validation pass in which no response has ``lpm`` raise
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from . import after_import
+from . import after_import, check_signature
 
 logger = logging.getLogger("capo_verl")
 
@@ -145,16 +144,6 @@ def validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos
     return metrics
 
 
-def _check_signature(fn, expected: Sequence[str], where: str) -> None:
-    """Fail at import time if verl changed a patched method's leading parameters."""
-    params = list(inspect.signature(fn).parameters)
-    if params[: len(expected)] != list(expected):
-        raise RuntimeError(
-            f"capo_verl.compat.validation: {where} has parameters {params}, expected {list(expected)} as in "
-            "verl 0.9.1; this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
-        )
-
-
 def _val_calib_enabled(trainer) -> bool:
     config = getattr(trainer, "config", None)
     trainer_cfg = config.get("trainer", {}) if config is not None else {}
@@ -168,7 +157,7 @@ def _patch_agent_loop(agent_loop) -> None:
     verl/trainer/ppo/v1/agent_loop_tq.py) inherits the method."""
     cls = agent_loop.AgentLoopWorker
     original = cls._compute_score
-    _check_signature(original, ["self", "outputs", "kwargs"], "AgentLoopWorker._compute_score")
+    check_signature(original, ["self", "outputs", "kwargs"], "AgentLoopWorker._compute_score")
 
     @functools.wraps(original)
     async def _compute_score(self, outputs, *args, **kwargs):
@@ -182,7 +171,7 @@ def _patch_agent_loop(agent_loop) -> None:
 # --- 2. trainers: val-calib metrics next to verl's val-core ---------------------------------------------
 def _wrap_val_metrics_update(cls, where: str) -> None:
     original = cls._val_metrics_update
-    _check_signature(
+    check_signature(
         original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where
     )
 
