@@ -58,8 +58,10 @@ def test_hand_computed_metrics(tmp_path):
     assert all_["mean_acc"] == pytest.approx((1 / 3 + 0 + 1) / 3)
     assert metrics["macro_avg"]["mean_acc"] == pytest.approx((a["mean_acc"] + 1.0) / 2)
     assert metrics["macro_avg"]["auc_mean"] == pytest.approx(0.75)  # B has no AUC: left out of the average
-    # the same question id in two data sources are two questions
-    assert set(json.loads((tmp_path / "out" / "metrics.json").read_text())) == {"run"}
+    # metrics.json is strict JSON: undefined metrics are null
+    on_disk = json.loads((tmp_path / "out" / "metrics.json").read_text(), parse_constant=pytest.fail)
+    assert set(on_disk) == {"run"} and on_disk["run"]["B"]["auc_mean"] is None
+    assert on_disk["run"]["A"]["auc_mean"] == pytest.approx(0.75)
 
 
 def test_labels_and_errors(tmp_path):

@@ -122,7 +122,7 @@ def score_responses(group, answer, correct, lpm, num_tokens=None, truncated=None
         (Eq. 7-8), ``its_accuracy`` (``{"ppl_consistency", "majority_vote", "max_lpm"}``, Algorithm 1),
         ``precision_coverage`` (``{"coverage", "precision", "area"}``, Figure 4), ``answered_frac``
         (non-empty answer), ``lpm_correct_mean``/``lpm_incorrect_mean``, and with ``num_tokens``:
-        ``mean_num_tokens``, ``truncated_frac``. Undefined values are NaN (JSON ``NaN``).
+        ``mean_num_tokens``, ``truncated_frac``. Undefined values are NaN (``null`` in metrics.json).
     """
     group = np.asarray(group)
     correct = np.asarray(correct, dtype=bool)
@@ -180,6 +180,17 @@ def score_generations(cols: Mapping[str, np.ndarray], levels: Sequence[float] = 
             "its_accuracy": {m: avg([out[s]["its_accuracy"][m] for s in sources]) for m in M.ITS_METHODS},
         }
     return out
+
+
+def _json_safe(x):
+    """NaN -> None, so that metrics.json is strict JSON (``null`` where a metric is undefined)."""
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x
 
 
 def _read_meta(path: str | os.PathLike) -> dict:
@@ -295,7 +306,8 @@ def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike
         levels: coverage levels reported in the tables and JSON.
 
     Returns:
-        The metrics dict written to ``metrics.json`` (``{label: {data_source | "all" | "macro_avg": ...}}``).
+        The metrics dict written to ``metrics.json`` (``{label: {data_source | "all" | "macro_avg": ...}}``;
+        NaN here, ``null`` in the file).
     """
     if not runs:
         raise ValueError("no generation files given: pass --generations [LABEL=]PATH.jsonl ...")
@@ -303,7 +315,8 @@ def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike
     out_dir.mkdir(parents=True, exist_ok=True)
     cols = {label: read_generations(path) for label, path in runs.items()}
     results = {label: score_generations(c, levels) for label, c in cols.items()}
-    (out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "metrics.json").write_text(json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n",
+                                          encoding="utf-8")
     pngs: list[str] = []
     if plots:
         from capo_verl.evaluation import plots as P
