@@ -18,7 +18,7 @@ Notes on reading the figures:
 - The default model is the tiny random Qwen2 of the end-to-end tests (``capo_verl.models``), built here;
   ``--model smollm2`` uses SmolLM2-135M-Instruct (``capo-verl smollm2``; slower: ~45 s a step on 2 cores).
 
-    python benchmarks/step_time.py                 # tiny model, 4 steps per run (about 5 minutes on 2 cores)
+    python benchmarks/step_time.py                 # tiny model, 6 steps per run (about 4 minutes on 2 cores)
     python benchmarks/step_time.py --steps 6 --json out.json
 """
 
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,6 +93,7 @@ def run(name: str, inputs: dict, workdir: Path, args) -> dict:
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(metrics_file), RAY_DEDUP_LOGS="0",
                TOKENIZERS_PARALLELISM="false")
     env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    env.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
     t0 = time.time()
     with open(out / "console.log", "w") as log:
         proc = subprocess.run(cmd, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)
@@ -121,7 +124,7 @@ def summarize(result: dict, skip: int = 1) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
-    parser.add_argument("--steps", type=int, default=4, help="steps per run; the first is a warm-up")
+    parser.add_argument("--steps", type=int, default=6, help="steps per run; the first is a warm-up")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (train_batch_size)")
     parser.add_argument("--n", type=int, default=4, help="samples per prompt")
     parser.add_argument("--response-length", type=int, default=16)

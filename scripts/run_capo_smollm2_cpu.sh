@@ -24,8 +24,9 @@ MODEL=$("$PY" -m capo_verl.models --quiet)
 # torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the
 # rollout server and the reward never compute at the same time in verl's synchronous (hybrid) mode.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+# TransferQueue asks torch for 8 threads and warns on every call when the machine has fewer physical cores.
+export TQ_NUM_THREADS=${TQ_NUM_THREADS:-$("$PY" -c "import psutil; print(min(8, psutil.cpu_count(logical=False) or 1))")}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
-export RAY_DEDUP_LOGS=${RAY_DEDUP_LOGS:-0}
 
 echo "capo-verl: $CONFIG_NAME | model $MODEL | data $DATA_DIR | checkpoints $CKPT_DIR | OMP_NUM_THREADS=$OMP_NUM_THREADS"
 exec "$PY" -m verl.trainer.main_ppo \

@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from capo_verl.models import GSM8K_CALC_SOURCE, tiny_model_checkpoint, write_gsm8k_calc_parquet
@@ -82,6 +83,7 @@ def run_verl(inputs, workdir: Path, overrides: list[str], env: dict[str, str] | 
     full_env = dict(os.environ)
     full_env.update(
         OMP_NUM_THREADS=str(len(os.sched_getaffinity(0))),
+        TQ_NUM_THREADS=str(min(8, psutil.cpu_count(logical=False) or 1)),  # else TransferQueue warns per call
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
         VERL_FILE_LOGGER_PATH=str(metrics),
