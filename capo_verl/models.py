@@ -121,12 +121,12 @@ def smollm2_checkpoint(cache: str | os.PathLike | None = None, *, force: bool = 
     folder, name = str(source.parent), source.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     _fix_special_tokens(tokenizer, source)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    config.dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:

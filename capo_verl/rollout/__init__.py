@@ -1,7 +1,9 @@
 """``hf`` rollout backend for verl 0.9.1: transformers generation in Ray actors, in hybrid mode.
 
 Select it with ``actor_rollout_ref.rollout.name=hf`` (registered by :mod:`capo_verl.compat.rollout` when verl
-loads the capo plugin). It needs no vLLM/SGLang and runs on CPU and on a single CUDA GPU.
+loads the capo plugin). It needs no vLLM/SGLang. It runs on CPU (tested end to end); on a CUDA machine the
+server uses the GPU of its replica's trainer worker and offloads its weights between rollouts (written for a
+single GPU, not yet exercised on one).
 
 - :mod:`.sampling` - batched decoding with per-request sampling parameters and per-token log-probs.
 - :mod:`.server`   - the Ray actor that batches concurrent ``generate`` requests (one per replica).
@@ -10,5 +12,3 @@ loads the capo plugin). It needs no vLLM/SGLang and runs on CPU and on a single 
 
 Modules that import Ray/verl are not imported here, so ``capo_verl.rollout.sampling`` stays light.
 """
-
-ROLLOUT_NAME = "hf"

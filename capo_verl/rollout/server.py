@@ -170,7 +170,7 @@ class HFRolloutServer:
 
         dtype = PrecisionType.to_dtype(self.config.dtype)
         hf_config = self.model_config.hf_config
-        kwargs = dict(torch_dtype=dtype, trust_remote_code=self.model_config.trust_remote_code)
+        kwargs = dict(dtype=dtype, trust_remote_code=self.model_config.trust_remote_code)
         if "dummy" in str(self.config.load_format):
             model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
         else:
