@@ -47,14 +47,19 @@ def make_batch(bs: int, T: int, G: int, seed: int = 0) -> DataProto:
     )
 
 
-def best_of(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def best_of(fns: dict, repeats: int) -> dict[str, float]:
+    """Fastest of ``repeats`` timings of each function, the functions interleaved so that a busy
+    moment of the machine hits all of them alike."""
+    best = {}
+    for name, fn in fns.items():
+        fn()  # warm-up
+        best[name] = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
 
 
 def run(bs: int, T: int, G: int, repeats: int) -> None:
@@ -73,7 +78,8 @@ def run(bs: int, T: int, G: int, repeats: int) -> None:
         lpm = masked_mean(data.batch["old_log_probs"], data.batch["response_mask"], axis=-1)
         return lpm.unsqueeze(-1) * data.batch["response_mask"]
 
-    t_capo, t_grpo, t_floor = best_of(capo, repeats), best_of(grpo, repeats), best_of(floor, repeats)
+    t = best_of({"capo": capo, "grpo": grpo, "floor": floor}, repeats)
+    t_capo, t_grpo, t_floor = t["capo"], t["grpo"], t["floor"]
 
     tracemalloc.start()  # torch CPU tensors are not tracked; this checks numpy/python-side growth only
     capo()
@@ -91,7 +97,7 @@ def run(bs: int, T: int, G: int, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small shapes only")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     shapes = [(256, 512, 8)] if args.quick else [(1024, 3046, 8), (8192, 1024, 64)]

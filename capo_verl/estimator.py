@@ -151,8 +151,8 @@ def _masked_row_mean(values, mask_f32, n_valid, key):
     if values.shape != mask_f32.shape:
         raise ValueError(f"{key} has shape {tuple(values.shape)} but response_mask {tuple(mask_f32.shape)}")
     values = values.to(torch.float32)
-    # Row-wise dot product with the mask: a batched GEMV, no (bs, response_length) temporary.
-    total = torch.bmm(values.unsqueeze(1), mask_f32.unsqueeze(2)).view(-1)
+    # Row-wise dot product with the mask (the fastest masked row sum on CPU in benchmarks/capo_speed.py).
+    total = torch.linalg.vecdot(values, mask_f32)
     if not torch.isfinite(total).all():
         # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
         total = torch.where(mask_f32.bool(), values, 0.0).sum(-1)
