@@ -13,7 +13,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
+if ! [ -x "$PY" ]; then
+  echo "error: $PY not found: run 'bash scripts/setup.sh' first (or set PYTHON to a Python with capo-verl)" >&2
+  exit 2
+fi
 CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
 DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
 CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}
