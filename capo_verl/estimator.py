@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
+import pandas as pd
 import torch
 
 from capo_verl.compat.advantage import record_step_metrics, register_batch_aware_adv_est
@@ -169,8 +170,10 @@ def _masked_row_mean(values, mask_f32, n_valid, key):
 def group_ids(index, bs: int) -> tuple[np.ndarray, int]:
     """Dense group ids ``(bs,)`` int64 in [0, n_groups) from verl's ``uid`` array (any hashables).
 
+    Hash-based (``pandas.factorize``): O(bs), in order of first appearance.
+
     Raises:
-        ValueError: if ``index`` is None or its length is not ``bs``.
+        ValueError: if ``index`` is None, its length is not ``bs``, or an entry is None/NaN.
     """
     if index is None:
         raise ValueError(
@@ -181,8 +184,10 @@ def group_ids(index, bs: int) -> tuple[np.ndarray, int]:
     index = np.asarray(index)
     if index.shape != (bs,):
         raise ValueError(f"uid/index has shape {index.shape}, expected ({bs},): one group id per response")
-    keys, gid = np.unique(index, return_inverse=True)
-    return gid.astype(np.int64), len(keys)
+    gid, keys = pd.factorize(index)
+    if (gid < 0).any():
+        raise ValueError(f"uid/index has None or NaN at rows {np.flatnonzero(gid < 0)[:5].tolist()}; every response needs a uid")
+    return gid.astype(np.int64, copy=False), len(keys)
 
 
 def capo_pairwise_advantages(

@@ -225,3 +225,10 @@ def test_rollout_log_probs_used_when_old_absent():
     a = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, rollout_log_probs=lp)[0]
     b = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, old_log_probs=lp)[0]
     assert torch.equal(a, b)
+
+
+def test_uid_with_none_is_rejected():
+    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+    with pytest.raises(ValueError, match="None or NaN"):
+        compute_capo_outcome_advantage(r, m, np.array(["q", None], dtype=object), {"capo": {"use_mask": False}},
+                                       old_log_probs=lp)
