@@ -142,29 +142,62 @@ def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -
     Raises:
         ValueError: on a shape mismatch, or a NaN/inf at a valid position (padding is ignored).
     """
-    mask = response_mask.to(torch.float32)
-    n_valid = mask.sum(-1)
-    return _masked_row_mean(values, mask, n_valid, key), n_valid
+    _, n_valid, sums, _ = _row_sweep(response_mask, {key: values})
+    return sums[key] / n_valid.clamp_min(1.0), n_valid
 
 
-def _masked_row_mean(values, mask_f32, n_valid, key):
-    """``sequence_mean`` on a mask already in float32 with its row counts (each costs a pass to make)."""
-    if values.shape != mask_f32.shape:
-        raise ValueError(f"{key} has shape {tuple(values.shape)} but response_mask {tuple(mask_f32.shape)}")
-    values = values.to(torch.float32)
-    # Row-wise dot product with the mask (the fastest masked row sum on CPU in benchmarks/capo_speed.py).
-    total = torch.linalg.vecdot(values, mask_f32)
-    if not torch.isfinite(total).all():
-        # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
-        total = torch.where(mask_f32.bool(), values, 0.0).sum(-1)
-        bad = ~torch.isfinite(total)
-        if bad.any():
-            rows = bad.nonzero().flatten()[:5].tolist()
-            raise ValueError(
-                f"{key} has NaN or inf at valid tokens of {int(bad.sum())} response(s) (rows {rows}...); "
-                f"check the log-prob computation that produced {key}"
-            )
-    return total / n_valid.clamp_min(1.0)
+#: Rows per block of :func:`_row_sweep` on CPU: a block of every input stays in cache across its row sums.
+_CPU_ROW_BLOCK = 256
+
+
+def _row_sweep(response_mask, masked: dict, rewards=None):
+    """Everything CAPO reads from the ``(bs, T)`` tensors, in one cache-friendly sweep over row blocks.
+
+    Args:
+        response_mask: ``(bs, T)`` 1 on valid tokens.
+        masked: ``{batch key: (bs, T) tensor}`` to sum over valid tokens (float32 accumulation).
+        rewards: ``(bs, T)`` tensor to sum over all tokens, or None.
+
+    Returns:
+        ``(mask_f32, n_valid, sums, reward_sum)``: a float32 copy of the mask (``(bs, T)``, the caller may
+        overwrite it), ``(bs,)`` valid-token counts, ``{key: (bs,) float32 masked row sum}``, ``(bs,)`` float32
+        or None.
+
+    Raises:
+        ValueError: a shape differs from ``response_mask``'s, or NaN/inf at a valid token.
+    """
+    shape = response_mask.shape
+    for key, x in [*masked.items(), ("token_level_rewards", rewards)]:
+        if x is not None and x.shape != shape:
+            raise ValueError(f"{key} has shape {tuple(x.shape)} but response_mask {tuple(shape)}")
+    bs, device = shape[0], response_mask.device
+    mask_f32 = torch.empty(shape, dtype=torch.float32, device=device)
+    n_valid = torch.empty(bs, dtype=torch.float32, device=device)
+    sums = {key: torch.empty(bs, dtype=torch.float32, device=device) for key in masked}
+    reward_sum = None if rewards is None else torch.empty(bs, dtype=torch.float32, device=device)
+    block = _CPU_ROW_BLOCK if device.type == "cpu" else max(bs, 1)
+    for start in range(0, bs, block):
+        rows = slice(start, start + block)
+        m = mask_f32[rows]
+        m.copy_(response_mask[rows])
+        torch.sum(m, -1, out=n_valid[rows])
+        for key, x in masked.items():
+            # row-wise dot product with the mask: the fastest masked row sum on CPU (benchmarks/capo_speed.py)
+            sums[key][rows] = torch.linalg.vecdot(x[rows].to(torch.float32), m)
+        if rewards is not None:
+            torch.sum(rewards[rows], -1, dtype=torch.float32, out=reward_sum[rows])
+    for key, x in masked.items():
+        if not torch.isfinite(sums[key]).all():
+            # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
+            sums[key] = torch.where(mask_f32.bool(), x.to(torch.float32), 0.0).sum(-1)
+            bad = ~torch.isfinite(sums[key])
+            if bad.any():
+                rows_bad = bad.nonzero().flatten()[:5].tolist()
+                raise ValueError(
+                    f"{key} has NaN or inf at valid tokens of {int(bad.sum())} response(s) (rows {rows_bad}...); "
+                    f"check the log-prob computation that produced {key}"
+                )
+    return mask_f32, n_valid, sums, reward_sum
 
 
 def group_ids(index, bs: int) -> tuple[np.ndarray, int]:
@@ -287,7 +320,7 @@ def _behaviour_log_probs(old_log_probs, rollout_log_probs):
     )
 
 
-def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None, n_valid=None):
+def _require_ref_log_prob(ref_log_prob, estimator):
     if ref_log_prob is None:
         raise ValueError(
             f"{estimator} with algorithm.capo.use_mask=true needs 'ref_log_prob' (reference-model log-probs) in "
@@ -295,11 +328,6 @@ def _reference_ppl(ref_log_prob, response_mask, estimator, mask_f32=None, n_vali
             "you disabled it, configure actor_rollout_ref.ref, or set algorithm.capo.use_mask=false to train "
             "without the noise mask (when calling directly, pass ref_log_prob=(bs, response_length))"
         )
-    if mask_f32 is None:
-        ref_lpm, _ = sequence_mean(ref_log_prob, response_mask, "ref_log_prob")
-    else:
-        ref_lpm = _masked_row_mean(ref_log_prob, mask_f32, n_valid, "ref_log_prob")
-    return torch.exp(-ref_lpm)
 
 
 @register_batch_aware_adv_est(
@@ -345,26 +373,25 @@ def compute_capo_outcome_advantage(
     gid_np, n_groups = group_ids(index, bs)
     log_probs, lp_key = _behaviour_log_probs(old_log_probs, rollout_log_probs)
 
-    # float32 copy of the mask: reused by both masked means, then overwritten in place by the output.
-    out = response_mask.to(torch.float32, copy=True)
-    if out.shape != token_level_rewards.shape:
-        raise ValueError(
-            f"response_mask has shape {tuple(out.shape)} but token_level_rewards {tuple(token_level_rewards.shape)}"
-        )
-    n_valid = out.sum(-1)
-    lpm = _masked_row_mean(log_probs, out, n_valid, lp_key)
+    if cfg.use_mask:
+        _require_ref_log_prob(ref_log_prob, "capo")
+    masked = {lp_key: log_probs}
+    if ref_log_prob is not None:
+        masked["ref_log_prob"] = ref_log_prob
+    # out: a float32 copy of the mask, overwritten in place by the advantages at the end.
+    out, n_valid, sums, score = _row_sweep(response_mask, masked, token_level_rewards)
+    lpm = sums[lp_key] / n_valid.clamp_min(1.0)
     valid = n_valid > 0
-    _, correct = _outcome(token_level_rewards, cfg.reward_threshold)
+    correct = score > cfg.reward_threshold
     gid = torch.from_numpy(gid_np).to(lpm.device)
 
     adv = capo_pairwise_advantages(lpm, correct, valid, gid, n_groups, cfg.tau, cfg.normalize)
     keep = ref_ppl = None
+    if ref_log_prob is not None:
+        ref_ppl = torch.exp(-sums["ref_log_prob"] / n_valid.clamp_min(1.0))  # PPL_ref, Eq. 16
     if cfg.use_mask:
-        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "capo", out, n_valid)
         keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
         adv = adv * keep
-    elif ref_log_prob is not None:
-        ref_ppl = torch.exp(-_masked_row_mean(ref_log_prob, out, n_valid, "ref_log_prob"))
 
     record_step_metrics(
         capo_step_metrics(
@@ -415,7 +442,8 @@ def compute_grpo_mask_outcome_advantage(
     )
     if cfg.use_mask:
         _, correct = _outcome(token_level_rewards, cfg.reward_threshold)
-        ref_ppl = _reference_ppl(ref_log_prob, response_mask, "grpo_mask")
+        _require_ref_log_prob(ref_log_prob, "grpo_mask")
+        ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob")[0])
         keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
         advantages = advantages * keep.unsqueeze(-1)
         valid = response_mask.sum(-1) > 0

@@ -232,3 +232,18 @@ def test_uid_with_none_is_rejected():
     with pytest.raises(ValueError, match="None or NaN"):
         compute_capo_outcome_advantage(r, m, np.array(["q", None], dtype=object), {"capo": {"use_mask": False}},
                                        old_log_probs=lp)
+
+
+def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
+    from capo_verl.estimator import _CPU_ROW_BLOCK, sequence_mean
+
+    g = torch.Generator().manual_seed(0)
+    bs, T = 2 * _CPU_ROW_BLOCK + 37, 50
+    values = torch.randn(bs, T, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    lengths = torch.randint(0, T + 1, (bs,), generator=g)
+    mask = (torch.arange(T) < lengths.unsqueeze(1)).to(torch.int64)
+    mean, n_valid = sequence_mean(values, mask, "old_log_probs")
+    expected = (values.double() * mask).sum(-1) / lengths.clamp_min(1)
+    assert torch.equal(n_valid, lengths.float())
+    torch.testing.assert_close(mean.double(), expected, rtol=1e-5, atol=1e-6)
+    assert mean.dtype == torch.float32
