@@ -294,12 +294,6 @@ def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: f
     return torch.where(correct, ref_ppl <= ref_high, ref_ppl >= ref_low)
 
 
-def _outcome(token_level_rewards, reward_threshold):
-    """R_i = sum_t token_level_rewards (float32) and correct = R_i > reward_threshold."""
-    score = token_level_rewards.sum(-1, dtype=torch.float32)
-    return score, score > reward_threshold
-
-
 _warned_rollout_log_probs = False
 
 
@@ -441,7 +435,7 @@ def compute_grpo_mask_outcome_advantage(
         norm_adv_by_std_in_grpo=norm_by_std,
     )
     if cfg.use_mask:
-        _, correct = _outcome(token_level_rewards, cfg.reward_threshold)
+        correct = token_level_rewards.sum(-1, dtype=torch.float32) > cfg.reward_threshold  # R_i > threshold
         _require_ref_log_prob(ref_log_prob, "grpo_mask")
         ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob")[0])
         keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
