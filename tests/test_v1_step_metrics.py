@@ -112,10 +112,24 @@ def test_capo_metrics_reach_v1_step_metrics(transfer_queue):
     assert metrics["capo/auc_mean"] == pytest.approx(np.mean(aucs))
 
 
-def test_grpo_step_has_no_capo_metrics(transfer_queue):
+def test_grpo_step_logs_batch_calibration_metrics(transfer_queue):
+    """capo/* calibration metrics are logged for verl's own estimators too, from the batch; no mask metrics."""
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    batch, _ = put_batch(transfer_queue, np.random.default_rng(1))
+    batch, fields = put_batch(transfer_queue, np.random.default_rng(1))
     metrics: dict = {}
     PPOTrainer._compute_advantage(trainer_stub("grpo"), batch, metrics)
-    assert not [k for k in metrics if k.startswith("capo/")]
+    lpm = np.array([f["old_log_probs"].mean().item() for f in fields])
+    correct = np.array([f["rm_scores"].sum().item() > 0.5 for f in fields])
+    aucs = []
+    for k in range(3):
+        s = slice(4 * k, 4 * k + 4)
+        pos, neg = lpm[s][correct[s]], lpm[s][~correct[s]]
+        if len(pos) and len(neg):
+            aucs.append(np.mean([(p > q) + 0.5 * (p == q) for p in pos for q in neg]))
+    assert aucs, "the fixture should have mixed groups"
+    assert metrics["capo/auc_mean"] == pytest.approx(np.mean(aucs))
+    assert metrics["capo/mixed_group_frac"] == pytest.approx(len(aucs) / 3)
+    assert metrics["capo/lpm_correct_mean"] == pytest.approx(lpm[correct].mean(), rel=1e-5)
+    assert metrics["capo/adv_abs_mean"] > 0
+    assert not [k for k in metrics if k.startswith("capo/mask_frac") or k.startswith("capo/ref_ppl")]

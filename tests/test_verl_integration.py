@@ -247,3 +247,39 @@ def test_capo_metrics_reach_legacy_trainer_data_metrics():
     assert "critic/advantages/mean" in metrics  # verl's own metrics are still there
     assert {"capo/auc_mean", "capo/mask_frac_correct", "capo/adv_abs_mean"} <= set(metrics)
     assert ray_trainer.compute_data_metrics(batch=data, use_critic=False).keys().isdisjoint({"capo/auc_mean"})
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "grpo_vectorized"])
+def test_batch_calibration_metrics_for_verl_estimators(estimator):
+    """Every estimator gets capo/* calibration metrics, computed from the batch by hand here; advantages unchanged."""
+    cfg = OmegaConf.create({"adv_estimator": estimator, "gamma": 1.0, "lam": 1.0})
+    data = make_dataproto(seed=3, n_groups=6)
+    pop_step_metrics()
+    out = ray_trainer.compute_advantage(data.select(deepcopy=True), adv_estimator=estimator, config=cfg)
+    metrics = pop_step_metrics()
+    want = ray_trainer.compute_advantage.__wrapped__(data.select(deepcopy=True), adv_estimator=estimator, config=cfg)
+    assert torch.equal(out.batch["advantages"], want.batch["advantages"])
+
+    mask = data.batch["response_mask"].numpy().astype(bool)
+    lp = data.batch["old_log_probs"].numpy()
+    lpm = np.array([lp[i][mask[i]].mean() for i in range(len(mask))])
+    correct = data.batch["token_level_rewards"].numpy().sum(-1) > 0.5
+    uids = data.non_tensor_batch["uid"]
+    aucs = []
+    for u in np.unique(uids):
+        sel = uids == u
+        pos, neg = lpm[sel & correct], lpm[sel & ~correct]
+        if len(pos) and len(neg):
+            aucs.append(np.mean([(p > q) + 0.5 * (p == q) for p in pos for q in neg]))
+    assert metrics["capo/auc_mean"] == pytest.approx(np.mean(aucs))
+    assert metrics["capo/mixed_group_frac"] == pytest.approx(len(aucs) / len(np.unique(uids)))
+    assert metrics["capo/lpm_incorrect_mean"] == pytest.approx(lpm[~correct].mean(), rel=1e-6)
+    adv = out.batch["advantages"].numpy()
+    assert metrics["capo/adv_abs_mean"] == pytest.approx(np.mean([abs(adv[i][mask[i]].mean()) for i in range(len(mask))]))
+
+
+def test_batch_calibration_metrics_use_capo_reward_threshold():
+    data = make_dataproto(seed=4)
+    cfg = OmegaConf.create({"adv_estimator": "grpo", "capo": {"reward_threshold": "high"}})
+    with pytest.raises(TypeError, match="algorithm.capo.reward_threshold"):
+        ray_trainer.compute_advantage(data, adv_estimator="grpo", config=cfg)

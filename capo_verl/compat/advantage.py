@@ -12,14 +12,20 @@ are in ``data.batch`` at that moment. This module:
 3. moves the metrics an estimator records with :func:`record_step_metrics` into the step's metrics:
    v1 trainer ``PPOTrainer._compute_advantage(batch, metrics)`` (``verl/trainer/ppo/v1/trainer_base.py``)
    and the legacy trainer's ``compute_data_metrics`` call (``verl/trainer/ppo/ray_trainer.py``).
+4. logs the ``capo/*`` calibration metrics of the training batch for *every* estimator (GRPO, GSPO, ...),
+   computed from the batch after the estimator ran (:func:`batch_calibration_metrics`), without changing what
+   the estimator does: the paper's point is that GRPO's batch AUC-mean falls while CAPO's rises.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from . import after_import, check_signature
 
@@ -30,6 +36,7 @@ _BATCH_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("cap
 # Metrics recorded by an estimator during the current step, consumed by the trainer hooks below.
 _STEP_METRICS: dict[str, float] = {}
 _logged_ref_reason = False
+_logged_no_calib: set[str] = set()
 
 
 def register_batch_aware_adv_est(
@@ -96,6 +103,68 @@ def _estimator_name(adv_estimator) -> str:
     return getattr(adv_estimator, "value", adv_estimator)
 
 
+def batch_calibration_metrics(data, reward_threshold: float = 0.5) -> dict[str, float]:
+    """``capo/*`` calibration metrics of a training batch whose advantages are computed, for any estimator.
+
+    Reads ``data.batch``: ``token_level_rewards`` and ``response_mask`` ``(bs, response_length)``,
+    ``old_log_probs`` (or, without it, ``rollout_log_probs``) ``(bs, response_length)`` in nats, ``advantages``
+    ``(bs, response_length)`` if present; and ``data.non_tensor_batch["uid"]`` ``(bs,)``. lpm is the masked mean
+    of the log-probs (float64), a response is correct iff its summed reward is > ``reward_threshold``, and its
+    sequence advantage is the mean of ``advantages`` over its valid tokens.
+
+    Returns:
+        :func:`capo_verl.metrics.capo_step_metrics` (``capo/auc_mean``, ``capo/mixed_group_frac``,
+        ``capo/lpm_correct_mean``, ``capo/lpm_incorrect_mean``, ``capo/adv_abs_mean``), or ``{}`` when the batch
+        has no ``uid`` or no log-probs (nothing to measure; the caller warns once).
+    """
+    from capo_verl.metrics import capo_step_metrics
+
+    batch = data.batch
+    keys = set(batch.keys())
+    lp_key = "old_log_probs" if "old_log_probs" in keys else "rollout_log_probs" if "rollout_log_probs" in keys else None
+    if lp_key is None or "uid" not in data.non_tensor_batch:
+        return {}
+    mask = batch["response_mask"].double()
+    n_valid = mask.sum(-1)
+    denom = n_valid.clamp_min(1.0)
+    lpm = (batch[lp_key].double() * mask).sum(-1) / denom
+    correct = batch["token_level_rewards"].double().sum(-1) > reward_threshold
+    adv = (batch["advantages"].double() * mask).sum(-1) / denom if "advantages" in keys else None
+    return capo_step_metrics(
+        lpm.numpy(force=True),
+        correct.numpy(force=True),
+        np.asarray(data.non_tensor_batch["uid"]),
+        (n_valid > 0).numpy(force=True),
+        adv=None if adv is None else adv.numpy(force=True),
+    )
+
+
+def _reward_threshold(config) -> float:
+    """``algorithm.capo.reward_threshold`` when the config has it (the rule every capo-verl estimator uses), else 0.5."""
+    capo = config.get("capo", None) if config is not None and hasattr(config, "get") else None
+    value = capo.get("reward_threshold", 0.5) if capo is not None else 0.5
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"algorithm.capo.reward_threshold must be a number, got {value!r}")
+    return float(value)
+
+
+def _record_batch_calibration(data, adv_estimator, config) -> None:
+    """Add :func:`batch_calibration_metrics` to the step's metrics unless the estimator already logged its own."""
+    if "capo/mixed_group_frac" in _STEP_METRICS:
+        return
+    metrics = batch_calibration_metrics(data, _reward_threshold(config))
+    name = _estimator_name(adv_estimator)
+    if not metrics and name not in _logged_no_calib:
+        _logged_no_calib.add(name)
+        logger.warning(
+            "capo-verl: no capo/* calibration metrics for adv_estimator=%s: the batch has no uid or no "
+            "old_log_probs/rollout_log_probs",
+            name,
+        )
+    for key, value in metrics.items():
+        _STEP_METRICS.setdefault(key, value)
+
+
 # --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------
 def _patch_compute_advantage(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: wrap ``compute_advantage`` (also used by the v1 trainer, which
@@ -105,18 +174,24 @@ def _patch_compute_advantage(ray_trainer) -> None:
     original = ray_trainer.compute_advantage
     check_signature(original, ["data", "adv_estimator", "gamma", "lam", "num_repeat"], "compute_advantage")
 
+    bound = inspect.signature(original)
+
     @functools.wraps(original)
     def compute_advantage(data, adv_estimator, *args, **kwargs):
         fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(_estimator_name(adv_estimator))
         batch_keys = getattr(fn, "batch_keys", None)
         if not batch_keys:  # every other estimator: verl's code path, untouched
-            return original(data, adv_estimator, *args, **kwargs)
-        present = set(data.batch.keys())
-        token = _BATCH_EXTRAS.set({k: data.batch[k] for k in batch_keys if k in present})
-        try:
-            return original(data, adv_estimator, *args, **kwargs)
-        finally:
-            _BATCH_EXTRAS.reset(token)
+            out = original(data, adv_estimator, *args, **kwargs)
+        else:
+            present = set(data.batch.keys())
+            token = _BATCH_EXTRAS.set({k: data.batch[k] for k in batch_keys if k in present})
+            try:
+                out = original(data, adv_estimator, *args, **kwargs)
+            finally:
+                _BATCH_EXTRAS.reset(token)
+        config = bound.bind(data, adv_estimator, *args, **kwargs).arguments.get("config")
+        _record_batch_calibration(out, adv_estimator, config)
+        return out
 
     compute_advantage.__wrapped_by_capo_verl__ = True
     ray_trainer.compute_advantage = compute_advantage
