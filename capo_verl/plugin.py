@@ -12,4 +12,4 @@ try:
 finally:
     # Registered even when install() failed: a run that asks for `capo` then stops with the install error
     # (verl's plugin loader hides plugin exceptions at DEBUG level; compat.install logs it at ERROR).
-    import capo_verl.estimator  # noqa: F401  registers `capo` and `grpo_mask` with verl
+    import capo_verl.estimators  # noqa: F401  registers capo-verl's estimators (capo, grpo_mask, ...) with verl

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimator import CapoConfig, compute_capo_outcome_advantage
+from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
 
 
 def sig(x):
@@ -196,11 +196,27 @@ def test_step_metrics_recorded():
         ({"ref_high": -2.5}, "algorithm.capo.ref_high"),
         ({"normalize": "batch"}, "algorithm.capo.normalize"),
         ({"tua": 0.5}, "algorithm.capo.tua"),
+        ({"reward_threshold": "0.5"}, "algorithm.capo.reward_threshold"),
+        ({"reward_threshold": None}, "algorithm.capo.reward_threshold"),
+        ({"reward_threshold": True}, "algorithm.capo.reward_threshold"),
+        ({"ref_high": 0.9}, "algorithm.capo.ref_high must be >= 1"),
     ],
 )
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
         CapoConfig.from_algorithm_config({"capo": cfg})
+
+
+def test_bad_reward_threshold_stops_before_any_tensor_work():
+    """A non-numeric threshold used to fail inside the tensor comparison with a bare TypeError."""
+    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+    with pytest.raises(ValueError, match="algorithm.capo.reward_threshold must be a finite number, got 'high'"):
+        capo(r, m, ["q", "q"], lp, reward_threshold="high")
+
+
+def test_ref_high_of_one_is_accepted():
+    # PPL_ref = 1 exactly (a response the reference model is certain of) stays unmasked at ref_high = 1
+    assert CapoConfig.from_algorithm_config({"capo": {"ref_high": 1}}).ref_high == 1
 
 
 def test_missing_inputs_raise_named_errors():
@@ -235,7 +251,7 @@ def test_uid_with_none_is_rejected():
 
 
 def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
-    from capo_verl.estimator import _CPU_ROW_BLOCK, sequence_mean
+    from capo_verl.estimators.common import _CPU_ROW_BLOCK, sequence_mean
 
     g = torch.Generator().manual_seed(0)
     bs, T = 2 * _CPU_ROW_BLOCK + 37, 50
