@@ -1,0 +1,332 @@
+"""SimKO (Peng et al. 2025, "SimKO: Simple Pass@K Policy Optimization"): the loss math, without verl.
+
+Source: CLR-Lab/SimKO at commit 306f4ff4e84ace53e92501939692fcfeb32596b5 (a fork of verl 0.2):
+``verl/trainer/ppo/core_algos.py`` (``row_quantile_masked``, ``compute_policy_loss_simko``) and
+``verl/workers/actor/dp_actor.py`` (``_forward_micro_batch``: ``max_token``, ``topk_log_probs``; ``update_policy``);
+hyperparameters from ``run_qwen2.5-math-7b_SimKO.sh`` (``top_k=3``, ``tau=0.8``, ``mix_topk_coef=0.01``).
+
+What SimKO changes in PPO-clip, per response token t with sampled token o_t (authors' names in brackets):
+
+* **Forking tokens.** t is a forking token if its (detached) entropy H_t is above the ``entropy_quantile``-quantile
+  [``tau``] of the entropies of that response's valid tokens (``torch.quantile``, linear interpolation;
+  ``core_algos.py`` lines 391-394: ``threshold = row_quantile_masked(entropy, eos_mask, q=tau)``,
+  ``w = (entropy > threshold)``).
+* **Positive responses, forking tokens: top-K smoothing.** The ratio r_t = pi(o_t)/pi_old(o_t) becomes
+  ``(1 - alpha) r_t + (alpha / K) sum_k sg(r_t) / sg(r_k) r_k`` over the current policy's top-K tokens k
+  [``mix_topk_coef``, ``top_k``] (lines 353-370 and 396-413). Its value is r_t, so clipping is unchanged; its
+  gradient is ``r_t [(1 - alpha) grad log pi(o_t) + (alpha / K) sum_k grad log pi(k)]``.
+* **Negative responses, forking tokens where o_t is the top-1 token: the advantage times 1.1** (lines 421-426;
+  the authors hard-code 1.1, here ``top1_penalty``).
+* Everything else is the PPO-clip loss (here verl 0.9.1's ``vanilla`` loss, see :mod:`capo_verl.compat.simko`).
+
+How this module computes it, and where it differs from the authors' code (all differences are listed in the
+README):
+
+* The smoothed ratio is built as ``exp(lp' - old_log_prob)`` with the surrogate log-prob
+  ``lp' = lp_t + alpha_t [mean_k (lp_k - sg(lp_k)) - (lp_t - sg(lp_t))]`` (``alpha_t = alpha`` at positive forking
+  tokens, else 0). ``lp'`` equals ``lp_t`` exactly and ``grad exp(lp' - old) = r_t [(1 - alpha_t) grad lp_t +
+  (alpha_t / K) sum_k grad lp_k]``: the authors' value and gradient. The authors also divide by
+  ``sg(r_k) + 1e-8`` with the *old* policy's top-K log-probs (``old_log_probs_topk``, an extra pass); since
+  ``sg(r_t) / sg(r_k) r_k = r_t pi(k) / sg(pi(k))``, the old top-K log-probs cancel and are not computed here
+  (the 1e-8 changes the authors' value by a relative 1e-8, nothing else).
+* "Positive" / "negative" is the sign of the response's summed advantage. The authors use
+  ``token_level_scores.sum(-1) == 1`` (line 351) for the positive side and ``advantages.sum(-1) < 0`` (line 422)
+  for the negative side; with 0/1 rewards and a group-baseline estimator (GRPO) the two agree wherever the loss
+  has a gradient (a correct response in a mixed group has A > 0; in an all-correct group A = 0 and the smoothing
+  multiplies nothing).
+* "o_t is the top-1 token" is ``logit(o_t) >= max logit`` (a tie counts as top-1); the authors compare
+  ``argmax(logits) == o_t`` (``dp_actor.py`` lines 132-133 and 206-207), which differs only on exact ties.
+* A response without valid tokens has no forking tokens (the authors take the quantile of its padding).
+
+All tensors are ``(bs, T)`` response-aligned as in verl's policy losses; ``K`` = ``top_k``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+#: The authors' repository and commit this module follows.
+SOURCE = "CLR-Lab/SimKO@306f4ff4e84ace53e92501939692fcfeb32596b5"
+
+#: Where the parameters live in a verl config.
+CONFIG_KEY = "actor_rollout_ref.actor.policy_loss.simko"
+
+
+@dataclass(frozen=True)
+class SimKOParams:
+    """SimKO's hyperparameters (defaults: the authors' Qwen2.5-Math-7B script ``run_qwen2.5-math-7b_SimKO.sh``).
+
+    Attributes:
+        top_k: K, number of the current policy's most likely tokens the smoothing spreads over [``top_k`` 3].
+        alpha: weight of the top-K term in the ratio at positive forking tokens, in [0, 1] [``mix_topk_coef`` 0.01].
+        entropy_quantile: per-response entropy quantile above which a token is a forking token, in [0, 1]
+            [``tau`` 0.8].
+        top1_penalty: advantage multiplier at negative forking tokens whose sampled token is the top-1 token, > 0
+            (hard-coded 1.1 in ``core_algos.py`` line 425).
+    """
+
+    top_k: int = 3
+    alpha: float = 0.01
+    entropy_quantile: float = 0.8
+    top1_penalty: float = 1.1
+
+
+def parse_simko_config(raw: Mapping[str, Any] | None) -> SimKOParams:
+    """Validate ``actor_rollout_ref.actor.policy_loss.simko``; return :class:`SimKOParams` (defaults for absent keys).
+
+    Args:
+        raw: a mapping (dict, OmegaConf ``DictConfig``) or None (all defaults).
+
+    Raises:
+        ValueError: an unknown key, or a value of the wrong type or out of range; the message names the full key.
+    """
+    if raw is None:
+        return SimKOParams()
+    if isinstance(raw, SimKOParams):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{CONFIG_KEY} must be a mapping of {[f.name for f in fields(SimKOParams)]}, got {raw!r}")
+    known = {f.name for f in fields(SimKOParams)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) {[f'{CONFIG_KEY}.{k}' for k in unknown]}; known keys: {sorted(known)}")
+    values = {k: raw[k] for k in raw}
+
+    def number(name: str, *, integer: bool = False) -> float:
+        value = values.get(name, getattr(SimKOParams, name))
+        ok_types = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, ok_types) or not math.isfinite(value):
+            kind = "an integer" if integer else "a finite number"
+            raise ValueError(f"{CONFIG_KEY}.{name} must be {kind}, got {value!r}")
+        return value
+
+    top_k = number("top_k", integer=True)
+    if top_k < 1:
+        raise ValueError(f"{CONFIG_KEY}.top_k must be >= 1, got {top_k}")
+    alpha = float(number("alpha"))
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"{CONFIG_KEY}.alpha must be in [0, 1], got {alpha}")
+    quantile = float(number("entropy_quantile"))
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"{CONFIG_KEY}.entropy_quantile must be in [0, 1], got {quantile}")
+    penalty = float(number("top1_penalty"))
+    if penalty <= 0.0:
+        raise ValueError(f"{CONFIG_KEY}.top1_penalty must be > 0, got {penalty}")
+    return SimKOParams(top_k=int(top_k), alpha=alpha, entropy_quantile=quantile, top1_penalty=penalty)
+
+
+def entropy_quantile_threshold(entropy: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
+    """Per-row ``q``-quantile of ``entropy`` over the row's valid tokens, as ``torch.quantile`` (linear) computes it.
+
+    Vectorized replacement of the authors' per-row loop ``row_quantile_masked`` (``core_algos.py`` line 317): one
+    sort of the ``(bs, T)`` entropies with invalid entries pushed to +inf, then the same rank arithmetic as
+    ``torch.quantile`` (rank ``q * (n - 1)`` in the input's dtype, ``lerp`` between the neighbours).
+
+    Args:
+        entropy: ``(bs, T)`` float, nats (detached by the caller or not: no gradient flows through the result).
+        mask: ``(bs, T)`` bool or 0/1, valid tokens.
+        q: quantile in [0, 1].
+
+    Returns:
+        ``(bs,)`` tensor in ``entropy``'s dtype; +inf for a row without valid tokens (no token is above it).
+    """
+    with torch.no_grad():
+        valid = mask.bool()
+        ent = entropy.detach()
+        if not ent.is_floating_point():
+            ent = ent.float()
+        n = valid.sum(dim=-1, keepdim=True)  # (bs, 1)
+        ordered = torch.where(valid, ent, torch.full_like(ent, math.inf)).sort(dim=-1).values
+        ranks = torch.tensor(q, dtype=ent.dtype, device=ent.device) * (n - 1).clamp(min=0).to(ent.dtype)
+        below = ranks.to(torch.long)
+        above = ranks.ceil().to(torch.long)
+        low = ordered.gather(-1, below)
+        high = ordered.gather(-1, above)
+        threshold = low.lerp(high, ranks - below.to(ent.dtype)).squeeze(-1)
+        return torch.where(n.squeeze(-1) > 0, threshold, torch.full_like(threshold, math.inf))
+
+
+@dataclass
+class SimKOTerms:
+    """What :func:`simko_terms` returns: the inputs of a PPO-clip loss plus SimKO's token masks.
+
+    Attributes:
+        log_prob: ``(bs, T)`` float, equal in value to the input ``log_prob``, with SimKO's gradient: pass it to the
+            PPO-clip loss in place of ``log_prob``.
+        advantages: ``(bs, T)`` the advantages, times ``top1_penalty`` at :attr:`penalized` tokens.
+        forking: ``(bs, T)`` bool, valid tokens above their response's entropy quantile.
+        smoothed: ``(bs, T)`` bool, forking tokens of positive responses (top-K smoothing applied).
+        penalized: ``(bs, T)`` bool, forking tokens of negative responses whose sampled token is the top-1 token.
+        threshold: ``(bs,)`` the per-response entropy threshold (nats; +inf for an empty response).
+    """
+
+    log_prob: torch.Tensor
+    advantages: torch.Tensor
+    forking: torch.Tensor
+    smoothed: torch.Tensor
+    penalized: torch.Tensor
+    threshold: torch.Tensor
+
+
+def simko_terms(
+    log_prob: torch.Tensor,
+    topk_log_probs: torch.Tensor,
+    is_top1: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: SimKOParams,
+) -> SimKOTerms:
+    """SimKO's surrogate log-prob and advantages (see the module docstring for the formulas and the source).
+
+    Args:
+        log_prob: ``(bs, T)`` float, log pi_theta(o_t) of the sampled tokens under the current policy, with gradient.
+        topk_log_probs: ``(bs, T, K)`` float, log pi_theta of the current policy's K most likely tokens at each
+            position, with gradient (same temperature as ``log_prob``).
+        is_top1: ``(bs, T)`` bool, the sampled token is the current policy's most likely token.
+        entropy: ``(bs, T)`` float, token entropy of the current policy in nats (detached here).
+        advantages: ``(bs, T)`` float, e.g. verl's GRPO advantages (0 outside ``response_mask``).
+        response_mask: ``(bs, T)`` bool or 0/1.
+        params: :class:`SimKOParams`.
+
+    Returns:
+        :class:`SimKOTerms`; ``log_prob`` and ``advantages`` keep the input dtypes.
+
+    Raises:
+        ValueError: ``topk_log_probs.shape[-1] != params.top_k`` or shapes that do not match ``(bs, T)``.
+    """
+    if topk_log_probs.dim() != 3 or topk_log_probs.shape[-1] != params.top_k:
+        raise ValueError(
+            f"topk_log_probs must be (bs, T, top_k={params.top_k}), got {tuple(topk_log_probs.shape)} "
+            f"({CONFIG_KEY}.top_k must match the top-K the actor computed)"
+        )
+    shape = log_prob.shape
+    for name, tensor in (("topk_log_probs", topk_log_probs[..., 0]), ("is_top1", is_top1), ("entropy", entropy),
+                         ("advantages", advantages), ("response_mask", response_mask)):
+        if tensor.shape != shape:
+            raise ValueError(f"SimKO: {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} like log_prob")
+
+    mask = response_mask.bool()
+    with torch.no_grad():
+        threshold = entropy_quantile_threshold(entropy, mask, params.entropy_quantile)
+        forking = (entropy.detach() > threshold.unsqueeze(-1).to(entropy.dtype)) & mask
+        seq_advantage = (advantages.detach() * mask).sum(dim=-1, keepdim=True)
+        smoothed = forking & (seq_advantage > 0)
+        penalized = forking & (seq_advantage < 0) & is_top1.bool()
+
+    # lp' = lp_t + alpha_t [mean_k (lp_k - sg lp_k) - (lp_t - sg lp_t)]: value lp_t, SimKO's gradient.
+    topk_zero = (topk_log_probs - topk_log_probs.detach()).mean(dim=-1)
+    own_zero = log_prob - log_prob.detach()
+    alpha_t = smoothed.to(log_prob.dtype) * params.alpha
+    surrogate = log_prob + alpha_t * (topk_zero.to(log_prob.dtype) - own_zero)
+
+    if params.top1_penalty != 1.0:
+        scale = torch.where(penalized, params.top1_penalty, 1.0).to(advantages.dtype)
+        new_advantages = advantages * scale
+    else:
+        new_advantages = advantages
+    return SimKOTerms(
+        log_prob=surrogate,
+        advantages=new_advantages,
+        forking=forking,
+        smoothed=smoothed,
+        penalized=penalized,
+        threshold=threshold,
+    )
+
+
+def simko_diagnostics(
+    terms: SimKOTerms, topk_log_probs: torch.Tensor, is_top1: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Per-micro-batch diagnostics of :func:`simko_terms` (fractions of valid tokens; probabilities; nats).
+
+    Returns:
+        ``simko/forking_frac`` (forking tokens), ``simko/smoothed_frac`` (top-K smoothing applied),
+        ``simko/penalized_frac`` (advantage times ``top1_penalty``), ``simko/top1_frac`` (sampled token is the
+        top-1), ``simko/top1_prob_mean`` and ``simko/topk_prob_mass_mean`` (mean pi of the top-1 token and of the
+        top-K tokens together), ``simko/entropy_threshold_mean`` (mean threshold over non-empty responses).
+        Fractions and means are over the valid tokens of the micro-batch; an empty micro-batch gives 0.
+    """
+    with torch.no_grad():
+        mask = response_mask.bool()
+        n = mask.sum().clamp(min=1).float()
+        probs = topk_log_probs.detach().float().exp()
+        finite = torch.isfinite(terms.threshold)
+        values = torch.stack([
+            terms.forking.sum() / n,
+            terms.smoothed.sum() / n,
+            terms.penalized.sum() / n,
+            (is_top1.bool() & mask).sum() / n,
+            (probs[..., 0] * mask).sum() / n,
+            (probs.sum(dim=-1) * mask).sum() / n,
+            torch.where(finite, terms.threshold.float(), 0.0).sum() / finite.sum().clamp(min=1),
+        ]).tolist()
+    names = ("forking_frac", "smoothed_frac", "penalized_frac", "top1_frac", "top1_prob_mean",
+             "topk_prob_mass_mean", "entropy_threshold_mean")
+    return {f"simko/{name}": value for name, value in zip(names, values, strict=True)}
+
+
+def topk_logit_gaps(
+    logits: torch.Tensor, labels: torch.Tensor, top_k: int, temperature: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaps ``s_k - s_t`` between the top-K logits and the sampled token's logit, and the top-1 mask.
+
+    With the log-prob of the sampled token ``log p_t = s_t - logsumexp(s)`` that the actor computes anyway, the
+    top-K log-probs are ``log p_k = log p_t + (s_k - s_t)``: the logsumexp is reused and the top-K log-probs cost
+    one ``topk`` over the vocabulary (on detached logits) and one gather of K + 1 logits per token, never K copies
+    of the logits (the authors expand the logits K times, ``dp_actor.py`` lines 209-222).
+
+    Args:
+        logits: ``(N, V)`` raw logits (any float dtype), with gradient.
+        labels: ``(N,)`` long, the sampled token at each position.
+        top_k: K >= 1.
+        temperature: None for temperature 1, else ``(N,)`` float; the gathered logits are divided by
+            ``temperature.clamp(min=1e-8)`` cast to the logits' dtype, as verl 0.9.1 scales logits
+            (``verl/workers/engine/fsdp/transformer_impl.py::_scale_logits_by_temperature``).
+
+    Returns:
+        ``gaps`` ``(N, K)`` float32 with gradient (K most likely tokens in descending order) and ``is_top1`` ``(N,)``
+        bool (``s_t >= max_v s_v``).
+    """
+    with torch.no_grad():
+        top_index = torch.topk(logits.detach(), k=top_k, dim=-1).indices  # (N, K)
+    index = torch.cat([labels.reshape(-1, 1).to(top_index.dtype), top_index], dim=-1)  # (N, 1 + K)
+    picked = logits.gather(-1, index)
+    if temperature is not None:
+        picked = picked / temperature.reshape(-1, 1).clamp(min=1e-8).to(picked.dtype)
+    picked = picked.float()
+    gaps = picked[:, 1:] - picked[:, :1]
+    with torch.no_grad():
+        is_top1 = picked[:, 0] >= picked[:, 1]
+    return gaps, is_top1
+
+
+def entropy_from_logits_no_grad(
+    logits: torch.Tensor, temperature: torch.Tensor | None = None, chunk_size: int = 2048
+) -> torch.Tensor:
+    """Token entropy in nats from ``(N, V)`` raw logits, in float32 chunks of ``chunk_size`` rows, without autograd.
+
+    Args:
+        logits: ``(N, V)`` raw logits.
+        temperature: None for temperature 1, else ``(N,)``; scaled as in :func:`topk_logit_gaps`.
+        chunk_size: rows per chunk (peak extra memory ``chunk_size x V`` float32).
+
+    Returns:
+        ``(N,)`` float32 entropy, detached.
+    """
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    with torch.no_grad():
+        for start in range(0, logits.shape[0], chunk_size):
+            chunk = logits[start : start + chunk_size].detach()
+            if temperature is not None:
+                chunk = chunk / temperature[start : start + chunk_size].reshape(-1, 1).clamp(min=1e-8).to(chunk.dtype)
+            chunk = chunk.float()
+            # verl_F.entropy_from_logits' formula: logsumexp(s) - sum softmax(s) * s
+            probs = torch.softmax(chunk, dim=-1)
+            out[start : start + chunk_size] = torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1)
+    return out
