@@ -202,6 +202,49 @@ def test_server_batches_concurrent_requests_and_returns_verl_token_outputs(tiny_
         assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
 
 
+def test_server_waits_for_a_staggered_burst_and_decodes_it_as_one_batch(tiny_path, model_and_tokenizer):
+    """verl's agent loops send their requests a few ms apart (tokenization first): one burst, one batch."""
+    from capo_verl.rollout import server as server_mod
+
+    _, tok = model_and_tokenizer
+    server = _server(tiny_path)
+    _, state = _actor_state(tiny_path, seed=2)
+    prompts = _prompts(tok) * 4  # 16 requests, 30 ms apart: 0.45 s in all, far longer than one quiet period
+    assert 15 * 0.03 > server_mod.COLLECT_QUIET_S > 0.03
+
+    async def send(i, p):
+        await asyncio.sleep(0.03 * i)
+        params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=False)
+        return await server.generate(prompt_ids=p, sampling_params=params, request_id=f"r{i}")
+
+    async def main():
+        await server.update_weights(state)
+        outs = await asyncio.gather(*[send(i, p) for i, p in enumerate(prompts)])
+        return outs, await server.get_stats()
+
+    outs, stats = asyncio.run(main())
+    assert len(outs) == 16 and all(o.stop_reason == "completed" for o in outs)
+    assert stats["batches"] == 1 and stats["max_batch"] == 16
+
+
+def test_server_starts_a_batch_at_max_num_seqs_without_waiting_for_more(tiny_path, model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    server = _server(tiny_path, max_num_seqs=3)
+    _, state = _actor_state(tiny_path, seed=2)
+
+    async def main():
+        await server.update_weights(state)
+        params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=False)
+        outs = await asyncio.gather(
+            *[server.generate(prompt_ids=p, sampling_params=dict(params), request_id=f"r{i}")
+              for i, p in enumerate(_prompts(tok) * 2)]
+        )
+        return outs, await server.get_stats()
+
+    outs, stats = asyncio.run(main())
+    assert len(outs) == 8 and stats["max_batch"] == 3 and stats["batches"] == 3
+
+
 def test_server_greedy_validation_and_max_tokens(tiny_path, model_and_tokenizer):
     _, tok = model_and_tokenizer
     server = _server(tiny_path)

@@ -1,10 +1,12 @@
 """The ``hf`` rollout server: a Ray actor that generates with a transformers model for verl's agent loop.
 
 verl's agent loop sends one ``generate`` call per response (``verl/workers/rollout/llm_server.py``:
-``LLMServerClient.generate`` -> ``server.generate.remote(...)``), concurrently. This actor queues them and
-decodes whatever has arrived as one batch (:func:`capo_verl.rollout.sampling.generate_batch`, up to
-``rollout.max_num_seqs`` sequences), in a worker thread so that requests keep arriving meanwhile; requests that
-arrive during a batch form the next one.
+``LLMServerClient.generate`` -> ``server.generate.remote(...)``), concurrently, but spread over tens to hundreds
+of milliseconds (each agent loop tokenizes its prompt first). This actor queues them, waits until the burst is
+over (no new request for ``COLLECT_QUIET_S``, at most ``COLLECT_MAX_S``), and decodes the whole burst as one
+batch (:func:`capo_verl.rollout.sampling.generate_batch`, up to ``rollout.max_num_seqs`` sequences), in a worker
+thread so that requests keep arriving meanwhile; requests that arrive during a batch form the next one. A fixed
+20 ms window used to split a step's 16 requests into batches of ~7 and ~9, decoded one after the other.
 
 Weights: in hybrid mode the trainer's worker of rank 0 of the replica pushes the actor's full HF-named tensors
 after every update (:class:`capo_verl.rollout.adapter.HFServerAdapter`, ``update_weights`` here). The model is
@@ -34,8 +36,10 @@ from .sampling import LOGPROBS_MODES, SampleOutput, SamplingSpec, generate_batch
 logger = logging.getLogger("capo_verl.rollout")
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
-#: seconds the batcher waits after the first queued request for the rest of a burst to arrive
-COLLECT_WINDOW_S = 0.02
+#: the batcher starts a batch once no new request has arrived for this many seconds (a burst has ended) ...
+COLLECT_QUIET_S = 0.1
+#: ... or this many seconds after the first queued request, or as soon as ``rollout.max_num_seqs`` are queued
+COLLECT_MAX_S = 2.0
 
 #: sampling-parameter keys a request may carry (what verl's agent loops send); anything else is an error
 KNOWN_SAMPLING_KEYS = frozenset(
@@ -340,7 +344,7 @@ class HFRolloutServer:
     async def _batch_loop(self) -> None:
         while True:
             await self._wakeup.wait()
-            await asyncio.sleep(COLLECT_WINDOW_S)
+            await self._collect_burst()
             self._wakeup.clear()
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             if self._pending:
@@ -360,6 +364,19 @@ class HFRolloutServer:
             for req, out in zip(batch, outs):
                 if not req.future.done():
                     req.future.set_result(out)
+
+    async def _collect_burst(self) -> None:
+        """Wait while requests keep arriving: until none came for COLLECT_QUIET_S, COLLECT_MAX_S have passed
+        since this call, or ``max_num_seqs`` requests are queued."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COLLECT_MAX_S
+        seen = -1
+        while len(self._pending) != seen and len(self._pending) < self.max_batch:
+            seen = len(self._pending)
+            wait = min(COLLECT_QUIET_S, deadline - loop.time())
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)
 
     def _run_batch(self, batch: list[_Request]) -> list[SampleOutput]:
         if not self._on_device:
