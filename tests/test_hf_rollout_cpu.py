@@ -69,6 +69,25 @@ def test_fsdp_engine_is_registered_for_cpu_and_ref_offload_does_not_pin():
 
 
 @needs_no_accelerator
+def test_replay_buffer_polls_often_on_cpu_and_keeps_an_explicit_interval():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from capo_verl.compat.cpu import CPU_POLL_INTERVAL_S
+
+    kw = dict(
+        trainer_mode="sync",
+        trainer_config=OmegaConf.create({}),
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=OmegaConf.create({}),
+    )
+    assert ReplayBuffer(**kw).poll_interval == CPU_POLL_INTERVAL_S < 2.0
+    assert ReplayBuffer(**kw, poll_interval=1.5).poll_interval == 1.5
+    assert ReplayBuffer.__init__.__wrapped__.__module__ == "verl.trainer.ppo.v1.replay_buffer"
+
+
+@needs_no_accelerator
 def test_attention_defaults_to_sdpa_and_flash_attention_is_refused(tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.config import omega_conf_to_dataclass

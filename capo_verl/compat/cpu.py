@@ -21,6 +21,10 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
    - ``verl/workers/config/model.py``: ``HFModelConfig`` defaults ``attn_implementation`` to
      ``flash_attention_2`` (CUDA only). On CPU a model config that names no implementation gets ``sdpa``;
      an explicit ``flash_attention_*`` raises an error that names the key to change.
+   - ``verl/trainer/ppo/v1/replay_buffer.py``: the v1 ``ReplayBuffer`` checks for finished rollouts every
+     ``poll_interval`` = 2 s, which rounds every CPU step's generation (a few seconds) up to the next 2 s and
+     adds 1 s per step on average. On CPU the default is :data:`CPU_POLL_INTERVAL_S` (an explicit
+     ``poll_interval`` argument is kept).
 
 What a platform cannot do and the CPU profile config does instead (``configs/cpu_base.yaml``): declare fake
 Ray GPUs (verl asks Ray for one ``GPU`` per worker: ``ray_kwargs.ray_init.num_gpus``), FSDP2 instead of
@@ -42,6 +46,9 @@ from . import after_import
 logger = logging.getLogger("capo_verl.compat.cpu")
 
 PLATFORM_NAME = "cpu"
+
+#: seconds between the v1 ReplayBuffer's checks for finished rollouts on the CPU platform (verl: 2.0)
+CPU_POLL_INTERVAL_S = 0.1
 
 
 def is_cpu_platform() -> bool:
@@ -286,11 +293,40 @@ def _patch_model_config(module: types.ModuleType) -> None:
     cls.__post_init__ = __post_init__
 
 
+def _patch_replay_buffer(module: types.ModuleType) -> None:
+    """``verl/trainer/ppo/v1/replay_buffer.py``: on CPU, ``ReplayBuffer(poll_interval=...)`` defaults to
+    :data:`CPU_POLL_INTERVAL_S` instead of 2 s (``ReplayBufferAsync`` inherits it)."""
+    import inspect
+
+    from . import check_signature
+
+    cls = module.ReplayBuffer
+    original = cls.__init__
+    params = inspect.signature(original).parameters
+    check_signature(original, ["self", "trainer_mode", "trainer_config"], "ReplayBuffer.__init__")
+    if "poll_interval" not in params or params["poll_interval"].default != 2.0:
+        raise RuntimeError(
+            "capo_verl.compat: ReplayBuffer.__init__ has no poll_interval=2.0 as in verl 0.9.1; "
+            "this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+        )
+
+    def __init__(self, *args, **kwargs):
+        bound = inspect.signature(original).bind(self, *args, **kwargs)
+        if "poll_interval" not in bound.arguments and is_cpu_platform():
+            kwargs["poll_interval"] = CPU_POLL_INTERVAL_S
+        original(self, *args, **kwargs)
+
+    __init__.__wrapped__ = original
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__
+
+
 def install() -> None:
     """Register the ``cpu`` platform and the CPU-only patches (pass-through on accelerators)."""
     _register_platform()
     after_import("verl.utils.distributed", _patch_distributed)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_fsdp_engine)
     after_import("verl.workers.config.model", _patch_model_config)
+    after_import("verl.trainer.ppo.v1.replay_buffer", _patch_replay_buffer)
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
         logger.info("VERL_PLATFORM=cpu: verl runs on the CPU platform of capo_verl.compat.cpu")
