@@ -8,6 +8,7 @@ Everything that depends on verl's private structure lives in this package, one m
 - :mod:`.cpu`        - the CPU platform (gloo, no pinned memory, fake Ray GPUs) for running verl without
   an accelerator.
 - :mod:`.rollout`    - registration of the ``hf`` rollout backend (transformers ``generate``).
+- :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
 i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
@@ -128,9 +129,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, cpu, rollout, validation
+        from . import advantage, cpu, rollout, simko, validation
 
-        for part in (advantage, validation, cpu, rollout):
+        for part in (advantage, validation, cpu, rollout, simko):
             part.install()
     except Exception as exc:
         INSTALL_ERROR = exc

@@ -1,0 +1,419 @@
+"""verl glue for SimKO: ``actor_rollout_ref.actor.policy_loss.loss_mode=simko`` with the actor's top-K log-probs.
+
+The loss (:mod:`capo_verl.losses.simko`, after CLR-Lab/SimKO@306f4ff4e84ace53e92501939692fcfeb32596b5
+``verl/trainer/ppo/core_algos.py::compute_policy_loss_simko``) needs, per response token and from the forward pass
+being trained: the current policy's top-K log-probs (with gradient), whether the sampled token is the top-1 token,
+and the token entropy (detached). verl 0.9.1 hands a registered policy loss only
+``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
+(``verl/workers/utils/losses.py::ppo_loss``). This module, only when ``loss_mode=simko``:
+
+1. **Engine** (``verl/workers/engine/fsdp/transformer_impl.py``): wraps
+   ``FSDPEngineWithLMHead.prepare_model_outputs``, which turns the LM head's logits into ``log_probs`` (and
+   ``entropy``). When the loss function the engine was given is verl's ``ppo_loss`` bound to an actor config with
+   ``loss_mode=simko``, it adds three nested ``(bsz, j1, ...)`` tensors to the model output, aligned with
+   ``log_probs`` (same packing, same temperature): ``simko_topk_gaps`` ``(.., K)`` = s_k - s_t (scaled logits of
+   the top-K tokens minus the sampled token's, float32, with gradient; ``log_probs + gaps`` are the top-K log-probs,
+   so the logsumexp verl already computed is reused: one ``topk`` and one gather of K + 1 logits per token),
+   ``simko_is_top1`` (float 0/1) and ``simko_entropy`` (verl's own entropy, detached, when
+   ``actor.calculate_entropy`` or ``entropy_coeff`` turned it on; otherwise computed here without autograd in
+   float32 chunks). Both of verl's layouts are covered: remove-padding (packed ``(1, total_nnz)`` input, with
+   ``pad_to_length``'s static pad stripped) and padded ``(bsz, max_len)`` input. Every other loss, and every
+   forward without a loss (``compute_log_prob``), returns verl's output unchanged and computes nothing more.
+2. **Loss input** (``verl/workers/utils/losses.py``): wraps ``ppo_loss`` so that, for ``loss_mode=simko``, those
+   tensors are unpacked to ``(bsz, response_length, ...)`` with verl's ``no_padding_2_padding`` (as ``log_probs``)
+   and handed to the registered loss through a context variable; the loss's public signature is unchanged.
+   The wrap lands before ``verl/workers/engine_workers.py`` binds ``ppo_loss`` by name.
+3. **The loss** ``simko`` (``core_algos.register_policy_loss``): :func:`capo_verl.losses.simko.simko_terms`, then
+   verl's own ``vanilla`` PPO-clip loss (clip ratios, dual clip, ``loss_agg_mode``, rollout-correction weights,
+   its metrics) on SimKO's surrogate log-prob and advantages, plus ``simko/*`` diagnostics (logged by verl as
+   ``actor/simko/*``).
+4. **Config**: verl's ``PolicyLossConfig`` dataclass (``verl/workers/config/actor.py``) gets a ``simko`` field
+   (a subclass replaces it where Hydra's ``_target_: verl.workers.config.PolicyLossConfig`` finds it), validated
+   with errors naming ``actor_rollout_ref.actor.policy_loss.simko.<key>``; verl's ``validate_config``
+   (``verl/utils/config.py``, run by ``main_ppo`` before any worker starts) also refuses, naming the key and the
+   fix, what this plumbing does not cover: an actor strategy other than ``fsdp``/``fsdp2`` (Megatron, VeOmni,
+   TorchTitan, AutoModel compute logits elsewhere), ``model.use_fused_kernels`` (no logits), Ulysses sequence
+   parallelism (untested here) and distillation (a different loss function). The engine and the loss raise the
+   same kind of error if they meet such a setup at run time anyway.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from capo_verl.losses.simko import (
+    CONFIG_KEY,
+    SOURCE,
+    parse_simko_config,
+    simko_diagnostics,
+    simko_terms,
+    topk_logit_gaps,
+    entropy_from_logits_no_grad,
+)
+
+from . import after_import, check_signature
+
+logger = logging.getLogger("capo_verl")
+
+LOSS_MODE = "simko"
+#: model-output keys added by the engine patch (nested like ``log_probs``)
+GAPS_KEY, TOP1_KEY, ENTROPY_KEY = "simko_topk_gaps", "simko_is_top1", "simko_entropy"
+
+_COVERED = (
+    "capo-verl computes SimKO's top-K log-probs in verl's FSDP engine only (actor_rollout_ref.actor.strategy "
+    "fsdp or fsdp2, FSDPEngineWithLMHead), without fused kernels, Ulysses sequence parallelism or distillation"
+)
+
+
+@dataclass
+class SimKOInputs:
+    """What the engine computed for the micro-batch, response-aligned like ``log_prob``.
+
+    Attributes:
+        topk_gaps: ``(bs, T, K)`` float32, s_k - s_t, with gradient.
+        is_top1: ``(bs, T)`` bool.
+        entropy: ``(bs, T)`` float32 nats, detached.
+    """
+
+    topk_gaps: torch.Tensor
+    is_top1: torch.Tensor
+    entropy: torch.Tensor
+
+
+_INPUTS: contextvars.ContextVar[SimKOInputs | None] = contextvars.ContextVar("capo_verl_simko_inputs", default=None)
+
+
+def loss_mode_of(actor_config) -> str:
+    """``actor_config.policy_loss.loss_mode`` (ActorConfig dataclass or OmegaConf node), default ``vanilla``."""
+    policy_loss = actor_config.get("policy_loss", None) if actor_config is not None else None
+    if policy_loss is None:
+        return "vanilla"
+    return policy_loss.get("loss_mode", "vanilla")
+
+
+def simko_params_of(actor_config):
+    """The validated :class:`~capo_verl.losses.simko.SimKOParams` of an actor config with ``loss_mode=simko``."""
+    return parse_simko_config(actor_config.policy_loss.get("simko", None))
+
+
+# --- 4. config -------------------------------------------------------------------------------------------------------
+def _patch_policy_loss_config(config_pkg) -> None:
+    """verl/workers/config: ``PolicyLossConfig`` with a ``simko`` field (validated, defaults filled in)."""
+    actor_module = sys.modules["verl.workers.config.actor"]
+    original = config_pkg.PolicyLossConfig
+    names = {f.name for f in dataclasses.fields(original)}
+    if "loss_mode" not in names or "simko" in names:
+        raise RuntimeError(
+            f"capo_verl.compat.simko: verl's PolicyLossConfig has fields {sorted(names)}; expected 'loss_mode' and "
+            "no 'simko' as in verl 0.9.1 (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+        )
+    if getattr(original, "__capo_verl_simko__", False):
+        return
+
+    @dataclass
+    class SimKOPolicyLossConfig(original):
+        """verl's ``PolicyLossConfig`` plus ``simko`` (:class:`capo_verl.losses.simko.SimKOParams` as a dict)."""
+
+        simko: Any = None
+
+        def __post_init__(self):
+            parent = getattr(super(), "__post_init__", None)
+            if parent is not None:
+                parent()
+            if self.simko is not None or self.loss_mode == LOSS_MODE:
+                raw = self.simko
+                if raw is not None and not isinstance(raw, dict):
+                    from omegaconf import OmegaConf
+
+                    raw = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+                object.__setattr__(self, "simko", dataclasses.asdict(parse_simko_config(raw)))
+
+    SimKOPolicyLossConfig.__capo_verl_simko__ = True
+    SimKOPolicyLossConfig.__module__ = __name__
+    SimKOPolicyLossConfig.__qualname__ = SimKOPolicyLossConfig.__name__ = "SimKOPolicyLossConfig"
+    globals()["SimKOPolicyLossConfig"] = SimKOPolicyLossConfig
+    config_pkg.PolicyLossConfig = SimKOPolicyLossConfig
+    actor_module.PolicyLossConfig = SimKOPolicyLossConfig
+
+
+def __getattr__(name):  # unpickling a SimKOPolicyLossConfig in a fresh process: import verl's config first
+    if name == "SimKOPolicyLossConfig":
+        import verl.workers.config  # noqa: F401  applies _patch_policy_loss_config
+
+        if "SimKOPolicyLossConfig" in globals():
+            return globals()[name]
+    raise AttributeError(name)
+
+
+def check_simko_setup(config) -> None:
+    """Raise ValueError, naming the key and the fix, if ``config`` asks for SimKO where this plumbing cannot run.
+
+    Args:
+        config: the full trainer config (OmegaConf), as verl's ``validate_config`` receives it.
+    """
+    actor = config.actor_rollout_ref.actor
+    if loss_mode_of(actor) != LOSS_MODE:
+        return
+    prefix = "actor_rollout_ref.actor.policy_loss.loss_mode=simko"
+    strategy = actor.get("strategy", None)
+    if strategy not in ("fsdp", "fsdp2"):
+        raise ValueError(
+            f"{prefix} needs actor_rollout_ref.actor.strategy fsdp or fsdp2, got {strategy!r}: {_COVERED}. "
+            "Use actor_rollout_ref.actor.strategy=fsdp2 (or another policy_loss.loss_mode)."
+        )
+    if config.actor_rollout_ref.model.get("use_fused_kernels", False):
+        raise ValueError(
+            f"{prefix} needs the logits, which actor_rollout_ref.model.use_fused_kernels=true never materializes: "
+            "set actor_rollout_ref.model.use_fused_kernels=false."
+        )
+    for key in ("ulysses_sequence_parallel_size", "fsdp_config.ulysses_sequence_parallel_size"):
+        node = actor
+        for part in key.split("."):
+            node = node.get(part, None) if node is not None else None
+        if node not in (None, 1):
+            raise ValueError(
+                f"{prefix} is not covered with Ulysses sequence parallelism (actor_rollout_ref.actor.{key}={node}): "
+                f"{_COVERED}. Set actor_rollout_ref.actor.{key}=1."
+            )
+    distillation = config.get("distillation", None)
+    if distillation is not None and distillation.get("enabled", False):
+        raise ValueError(f"{prefix} cannot be combined with distillation.enabled=true: {_COVERED}.")
+    try:
+        simko_params_of(actor)
+    except ValueError as exc:
+        raise ValueError(f"{prefix}: {exc}") from None
+
+
+def _patch_validate_config(config_utils) -> None:
+    """verl/utils/config.py: ``validate_config`` (run by main_ppo's TaskRunner) also runs :func:`check_simko_setup`."""
+    original = config_utils.validate_config
+    check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
+
+    @functools.wraps(original)
+    def validate_config(config, use_reference_policy, use_critic):
+        check_simko_setup(config)
+        return original(config, use_reference_policy, use_critic)
+
+    config_utils.validate_config = validate_config
+
+
+# --- 1. engine: top-K gaps, top-1 mask and entropy next to log_probs ---------------------------------------------------
+def _simko_config_of_loss_function(loss_function):
+    """The actor config if ``loss_function`` is verl's ``ppo_loss`` bound to an actor with ``loss_mode=simko``."""
+    keywords = getattr(loss_function, "keywords", None)
+    if not keywords or getattr(getattr(loss_function, "func", None), "__capo_verl_simko__", False) is False:
+        return None
+    config = keywords.get("config")
+    if config is None or loss_mode_of(config) != LOSS_MODE:
+        return None
+    return config
+
+
+def _runtime_error(what: str) -> RuntimeError:
+    return RuntimeError(f"actor_rollout_ref.actor.policy_loss.loss_mode=simko: {what}. {_COVERED}.")
+
+
+def _simko_model_outputs(engine, impl, output, output_args, micro_batch, model_output, top_k: int) -> dict:
+    """The three nested SimKO tensors for one micro-batch (see the module docstring)."""
+    from torch.distributed.tensor import DTensor
+    from verl.utils import tensordict_utils as tu
+
+    get = functools.partial(tu.get_non_tensor_data, data=micro_batch)
+    if get(key="use_fused_kernels", default=False):
+        raise _runtime_error("fused kernels (actor_rollout_ref.model.use_fused_kernels=true) give no logits")
+    if get(key="distillation_only", default=False) or "log_probs" not in model_output:
+        raise _runtime_error("the engine computed no log_probs (distillation-only forward)")
+    if getattr(engine, "use_ulysses_sp", False):
+        raise _runtime_error("Ulysses sequence parallelism is not covered")
+    logits = output.logits
+    if isinstance(logits, DTensor):
+        raise _runtime_error("vocab-parallel (DTensor) logits are not covered")
+
+    cu_seqlens = micro_batch["input_ids"].offsets()
+    total = int(cu_seqlens[-1])
+    unit_temperature = output_args.get("temperature_is_one", False)
+    engine_config = getattr(engine, "engine_config", None)
+    chunk = int(getattr(engine_config, "entropy_from_logits_chunk_size", 2048) or 2048)
+
+    if get(key="use_remove_padding", default=True):
+        logits = logits.squeeze(0)[:total]  # strip the static pad (a suffix without SP)
+        labels = output_args["input_ids_rmpad_rolled"][:total]
+        temperature = None if unit_temperature else output_args["temperature_rmpad"][:total]
+        gaps, is_top1 = topk_logit_gaps(logits, labels, top_k, temperature)
+        rows = None
+    else:
+        bsz, seq_len, vocab = logits.shape
+        lengths = cu_seqlens.diff()
+        valid = torch.arange(seq_len, device=logits.device).unsqueeze(0) < lengths.unsqueeze(1)  # (bsz, S)
+        rows = valid.reshape(-1).nonzero().squeeze(-1)  # packed order = row-major order of the valid positions
+        labels = torch.zeros(bsz * seq_len, dtype=torch.long, device=logits.device)
+        labels[rows] = output_args["input_ids_rmpad_rolled"].to(torch.long)
+        logits = logits.reshape(bsz * seq_len, vocab)
+        temperature = None
+        if not unit_temperature:
+            temperature = output_args["temperature"].to(torch.float32).repeat_interleave(seq_len)
+        gaps, is_top1 = topk_logit_gaps(logits, labels, top_k, temperature)
+        gaps, is_top1 = gaps[rows], is_top1[rows]
+
+    if "entropy" in model_output:  # verl computed it (calculate_entropy / entropy_coeff): reuse, detached
+        entropy = model_output["entropy"].values().detach().float()
+    elif rows is None:
+        entropy = entropy_from_logits_no_grad(logits, temperature, chunk)
+    else:
+        entropy = entropy_from_logits_no_grad(logits[rows], None if temperature is None else temperature[rows], chunk)
+
+    nested = functools.partial(torch.nested.nested_tensor_from_jagged, offsets=cu_seqlens)
+    return {
+        GAPS_KEY: nested(gaps),
+        TOP1_KEY: nested(is_top1.to(torch.float32)),
+        ENTROPY_KEY: nested(entropy),
+    }
+
+
+def _patch_engine(impl) -> None:
+    """verl/workers/engine/fsdp/transformer_impl.py: ``FSDPEngineWithLMHead.prepare_model_outputs``."""
+    cls = impl.FSDPEngineWithLMHead
+    original = cls.prepare_model_outputs
+    check_signature(
+        original,
+        ["self", "output", "output_args", "micro_batch", "logits_processor_func"],
+        "FSDPEngineWithLMHead.prepare_model_outputs",
+    )
+    if getattr(original, "__capo_verl_simko__", False):
+        return
+
+    @functools.wraps(original)
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        model_output = original(self, output, output_args, micro_batch, logits_processor_func)
+        actor_config = _simko_config_of_loss_function(logits_processor_func)
+        if actor_config is None:  # every other loss, and forwards without a loss: verl's output as it is
+            return model_output
+        top_k = simko_params_of(actor_config).top_k
+        model_output.update(
+            _simko_model_outputs(self, impl, output, output_args, micro_batch, model_output, top_k)
+        )
+        return model_output
+
+    prepare_model_outputs.__capo_verl_simko__ = True
+    cls.prepare_model_outputs = prepare_model_outputs
+
+
+# --- 2. ppo_loss: the engine's tensors to the registered loss -------------------------------------------------------
+def _patch_ppo_loss(losses) -> None:
+    """verl/workers/utils/losses.py: ``ppo_loss`` hands SimKO's tensors to the ``simko`` policy loss."""
+    original = losses.ppo_loss
+    check_signature(original, ["config", "model_output", "data", "dp_group"], "ppo_loss")
+    if getattr(original, "__capo_verl_simko__", False):
+        return
+    no_padding_2_padding = losses.no_padding_2_padding
+
+    @functools.wraps(original)
+    def ppo_loss(config, model_output, data, dp_group=None):
+        if loss_mode_of(config) != LOSS_MODE:
+            return original(config=config, model_output=model_output, data=data, dp_group=dp_group)
+        missing = [k for k in (GAPS_KEY, TOP1_KEY, ENTROPY_KEY) if k not in model_output]
+        if missing:
+            raise _runtime_error(f"the actor's engine did not compute {missing}")
+        inputs = SimKOInputs(
+            topk_gaps=no_padding_2_padding(model_output[GAPS_KEY], data),
+            is_top1=no_padding_2_padding(model_output[TOP1_KEY], data) > 0.5,
+            entropy=no_padding_2_padding(model_output[ENTROPY_KEY], data),
+        )
+        token = _INPUTS.set(inputs)
+        try:
+            return original(config=config, model_output=model_output, data=data, dp_group=dp_group)
+        finally:
+            _INPUTS.reset(token)
+
+    ppo_loss.__capo_verl_simko__ = True
+    losses.ppo_loss = ppo_loss
+
+
+# --- 3. the registered loss -----------------------------------------------------------------------------------------
+def compute_policy_loss_simko(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """verl policy loss ``simko``: SimKO's surrogate log-prob and advantages in verl's ``vanilla`` PPO-clip loss.
+
+    Args (verl's policy-loss signature): ``(bs, T)`` float ``old_log_prob``, ``log_prob`` (with gradient),
+    ``advantages``, bool ``response_mask``, ``loss_agg_mode``, the actor config (``ActorConfig``; SimKO's parameters
+    at ``policy_loss.simko``) and optional ``(bs, T)`` ``rollout_is_weights``. The top-K log-probs, top-1 mask and
+    entropy of the same forward pass come from the engine through :func:`_patch_ppo_loss`.
+
+    Returns:
+        ``(pg_loss, metrics)``: verl's vanilla loss and metrics (``actor/pg_clipfrac``, ...) plus the ``simko/*``
+        diagnostics of :func:`capo_verl.losses.simko.simko_diagnostics`.
+
+    Raises:
+        RuntimeError: called without the engine's tensors (an engine this plumbing does not cover, or capo-verl's
+            compat layer not installed in the worker).
+        ValueError: invalid ``policy_loss.simko`` parameters.
+
+    Source: CLR-Lab/SimKO@306f4ff4e84ace53e92501939692fcfeb32596b5 ``verl/trainer/ppo/core_algos.py``
+    (``compute_policy_loss_simko``); see :mod:`capo_verl.losses.simko` for the differences.
+    """
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    inputs = _INPUTS.get()
+    if inputs is None:
+        from capo_verl import compat
+
+        reason = f" (capo_verl.compat failed to install: {compat.INSTALL_ERROR})" if compat.INSTALL_ERROR else ""
+        raise _runtime_error(
+            "the policy loss was called without the current policy's top-K log-probs, which only capo-verl's "
+            f"patch of verl's FSDP engine computes{reason}"
+        )
+    params = simko_params_of(config)
+    topk_log_probs = log_prob.unsqueeze(-1) + inputs.topk_gaps.to(log_prob.dtype)
+    terms = simko_terms(log_prob, topk_log_probs, inputs.is_top1, inputs.entropy, advantages, response_mask, params)
+    pg_loss, metrics = get_policy_loss_fn("vanilla")(
+        old_log_prob=old_log_prob,
+        log_prob=terms.log_prob,
+        advantages=terms.advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+        rollout_is_weights=rollout_is_weights,
+    )
+    metrics = dict(metrics)
+    metrics.update(simko_diagnostics(terms, topk_log_probs, inputs.is_top1, response_mask))
+    return pg_loss, metrics
+
+
+compute_policy_loss_simko.source = SOURCE
+
+
+def _register_loss(core_algos) -> None:
+    """verl/trainer/ppo/core_algos.py: ``register_policy_loss("simko")``."""
+    registered = core_algos.POLICY_LOSS_REGISTRY.get(LOSS_MODE)
+    if registered is compute_policy_loss_simko:
+        return
+    if registered is not None:
+        raise RuntimeError(f"a policy loss named {LOSS_MODE!r} is already registered with verl: {registered}")
+    core_algos.register_policy_loss(LOSS_MODE)(compute_policy_loss_simko)
+
+
+def install() -> None:
+    """Register this module's patches with :func:`capo_verl.compat.after_import` (applied at verl's import)."""
+    after_import("verl.workers.config", _patch_policy_loss_config)
+    after_import("verl.utils.config", _patch_validate_config)
+    after_import("verl.trainer.ppo.core_algos", _register_loss)
+    after_import("verl.workers.utils.losses", _patch_ppo_loss)
+    after_import("verl.workers.engine.fsdp.transformer_impl", _patch_engine)
+
+
+__all__ = ["CONFIG_KEY", "check_simko_setup", "compute_policy_loss_simko", "install", "loss_mode_of"]
