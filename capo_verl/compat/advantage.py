@@ -15,6 +15,9 @@ are in ``data.batch`` at that moment. This module:
 4. logs the ``capo/*`` calibration metrics of the training batch for *every* estimator (GRPO, GSPO, ...),
    computed from the batch after the estimator ran (:func:`batch_calibration_metrics`), without changing what
    the estimator does: the paper's point is that GRPO's batch AUC-mean falls while CAPO's rises.
+5. passes the training step (verl's ``trainer.global_steps``, 1 for the first update, restored from the checkpoint on
+   resume) to estimators registered with ``needs_training_step=True``, as ``global_step=``: the v1 trainer's
+   ``PPOTrainer._compute_advantage`` reads it from the trainer; the legacy trainer from ``data.meta_info``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ logger = logging.getLogger("capo_verl")
 
 # Batch tensors for the estimator that verl's compute_advantage is calling right now.
 _BATCH_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("capo_verl_batch_extras", default=None)
+# verl's trainer.global_steps of the v1 trainer step whose _compute_advantage is running, for needs_training_step.
+_TRAINING_STEP: contextvars.ContextVar[int | None] = contextvars.ContextVar("capo_verl_training_step", default=None)
 # Metrics recorded by an estimator during the current step, consumed by the trainer hooks below.
 _STEP_METRICS: dict[str, float] = {}
 _logged_ref_reason = False
@@ -43,6 +48,7 @@ def register_batch_aware_adv_est(
     name: str,
     batch_keys: Sequence[str],
     needs_reference_policy: Callable[[object], bool] | None = None,
+    needs_training_step: bool = False,
 ):
     """Decorator: register ``fn`` with verl's ``register_adv_est(name)``, receiving extra batch tensors.
 
@@ -56,6 +62,10 @@ def register_batch_aware_adv_est(
         batch_keys: names in ``DataProto.batch`` to forward, e.g. ``("old_log_probs", "ref_log_prob")``.
         needs_reference_policy: ``f(algorithm_config) -> bool``; when true verl computes
             ``ref_log_prob`` (see :func:`_patch_need_reference_policy`).
+        needs_training_step: pass ``global_step=<int>``, verl's ``trainer.global_steps`` of the step being
+            trained (1-based; continues from the checkpoint's step after a resume), when verl's trainer provides it
+            (v1 trainer: always; legacy trainer: when ``data.meta_info`` has ``global_steps``); otherwise the
+            keyword is not passed and ``fn`` decides whether that is an error.
 
     Raises:
         ValueError: from verl if another function is already registered under ``name``.
@@ -80,6 +90,7 @@ def register_batch_aware_adv_est(
             return fn(**verl_kwargs, **extras)
 
         called_by_verl.batch_keys = tuple(batch_keys)
+        called_by_verl.needs_training_step = needs_training_step
         called_by_verl.needs_reference_policy = needs_reference_policy
         core_algos.register_adv_est(name)(called_by_verl)
         return fn
@@ -184,7 +195,14 @@ def _patch_compute_advantage(ray_trainer) -> None:
             out = original(data, adv_estimator, *args, **kwargs)
         else:
             present = set(data.batch.keys())
-            token = _BATCH_EXTRAS.set({k: data.batch[k] for k in batch_keys if k in present})
+            extras = {k: data.batch[k] for k in batch_keys if k in present}
+            if getattr(fn, "needs_training_step", False):
+                step = _TRAINING_STEP.get()
+                if step is None:
+                    step = (getattr(data, "meta_info", None) or {}).get("global_steps")
+                if step is not None:
+                    extras["global_step"] = int(step)
+            token = _BATCH_EXTRAS.set(extras)
             try:
                 out = original(data, adv_estimator, *args, **kwargs)
             finally:
@@ -247,8 +265,9 @@ def _patch_need_reference_policy(utils) -> None:
 
 # --- 3. estimator metrics into the v1 trainer's step metrics ------------------------------------------------
 def _patch_v1_trainer(trainer_base) -> None:
-    """verl/trainer/ppo/v1/trainer_base.py: after ``PPOTrainer._compute_advantage(batch, metrics)``, add the
-    metrics the estimator recorded to that step's ``metrics`` dict."""
+    """verl/trainer/ppo/v1/trainer_base.py: around ``PPOTrainer._compute_advantage(batch, metrics)``, expose the
+    trainer's ``global_steps`` to estimators that need the training step, and afterwards add the metrics the
+    estimator recorded to that step's ``metrics`` dict."""
     cls = trainer_base.PPOTrainer
     original = cls._compute_advantage
     check_signature(original, ["self", "batch", "metrics"], "PPOTrainer._compute_advantage")
@@ -256,7 +275,12 @@ def _patch_v1_trainer(trainer_base) -> None:
     @functools.wraps(original)
     def _compute_advantage(self, batch, metrics):
         pop_step_metrics()  # drop anything left over from outside a training step
-        out = original(self, batch, metrics=metrics)
+        step = getattr(self, "global_steps", None)  # set by PPOTrainer._load_checkpoint, advanced by fit()
+        token = _TRAINING_STEP.set(None if step is None else int(step))
+        try:
+            out = original(self, batch, metrics=metrics)
+        finally:
+            _TRAINING_STEP.reset(token)
         metrics.update(pop_step_metrics())
         return out
 
