@@ -15,7 +15,7 @@ from capo_verl.estimators.common import group_ids, grpo_group_advantages
 from verl.trainer.ppo import core_algos
 
 PKG = Path(estimators.__file__).parent
-METHOD_MODULES = {"capo": "capo.py", "grpo_mask": "grpo_mask.py", "codapo": "codapo.py"}
+METHOD_MODULES = {"capo": "capo.py", "grpo_mask": "grpo_mask.py", "codapo": "codapo.py", "cde": "cde.py"}
 MARKER = "# --- registration with verl"
 
 
@@ -45,7 +45,7 @@ def test_shared_module_imports_nothing_from_verl():
     assert not [m for _, m in _imports(tree) if _touches_verl(m)]
 
 
-@pytest.mark.parametrize("filename", ["capo.py", "codapo.py"])
+@pytest.mark.parametrize("filename", ["capo.py", "codapo.py", "cde.py"])
 def test_math_above_the_registration_section_imports_nothing_from_verl(filename):
     """verl and capo_verl.compat appear only below the module's registration marker."""
     text = (PKG / filename).read_text()

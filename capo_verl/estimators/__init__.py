@@ -16,17 +16,21 @@ its registration (``capo_verl.compat.advantage.register_batch_aware_adv_est``), 
 entry point (:mod:`capo_verl.plugin`) does that in every process at ``import verl``.
 """
 
-from capo_verl.estimators import capo, codapo, grpo_mask  # noqa: F401  (registration)
+from capo_verl.estimators import capo, cde, codapo, grpo_mask  # noqa: F401  (registration)
 from capo_verl.estimators.capo import CapoConfig, capo_pairwise_advantages, compute_capo_outcome_advantage
+from capo_verl.estimators.cde import CdeConfig, cde_advantages, compute_cde_outcome_advantage
 from capo_verl.estimators.codapo import CodapoConfig, codapo_advantages, compute_codapo_outcome_advantage
 from capo_verl.estimators.common import group_ids, grpo_group_advantages, reference_ppl_mask, sequence_mean
 from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 
 __all__ = [
     "CapoConfig",
+    "CdeConfig",
     "CodapoConfig",
     "capo_pairwise_advantages",
+    "cde_advantages",
     "codapo_advantages",
+    "compute_cde_outcome_advantage",
     "compute_codapo_outcome_advantage",
     "compute_capo_outcome_advantage",
     "compute_grpo_mask_outcome_advantage",
