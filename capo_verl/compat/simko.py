@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -52,16 +51,14 @@ import torch
 from capo_verl.losses.simko import (
     CONFIG_KEY,
     SOURCE,
+    entropy_from_logits_no_grad,
     parse_simko_config,
     simko_diagnostics,
     simko_terms,
     topk_logit_gaps,
-    entropy_from_logits_no_grad,
 )
 
 from . import after_import, check_signature
-
-logger = logging.getLogger("capo_verl")
 
 LOSS_MODE = "simko"
 #: model-output keys added by the engine patch (nested like ``log_probs``)
@@ -205,7 +202,7 @@ def _patch_validate_config(config_utils) -> None:
     config_utils.validate_config = validate_config
 
 
-# --- 1. engine: top-K gaps, top-1 mask and entropy next to log_probs ---------------------------------------------------
+# --- 1. engine: top-K gaps, top-1 mask and entropy next to log_probs -------------------------------------------------
 def _simko_config_of_loss_function(loss_function):
     """The actor config if ``loss_function`` is verl's ``ppo_loss`` bound to an actor with ``loss_mode=simko``."""
     keywords = getattr(loss_function, "keywords", None)
@@ -221,7 +218,7 @@ def _runtime_error(what: str) -> RuntimeError:
     return RuntimeError(f"actor_rollout_ref.actor.policy_loss.loss_mode=simko: {what}. {_COVERED}.")
 
 
-def _simko_model_outputs(engine, impl, output, output_args, micro_batch, model_output, top_k: int) -> dict:
+def _simko_model_outputs(engine, output, output_args, micro_batch, model_output, top_k: int) -> dict:
     """The three nested SimKO tensors for one micro-batch (see the module docstring)."""
     from torch.distributed.tensor import DTensor
     from verl.utils import tensordict_utils as tu
@@ -297,9 +294,7 @@ def _patch_engine(impl) -> None:
         if actor_config is None:  # every other loss, and forwards without a loss: verl's output as it is
             return model_output
         top_k = simko_params_of(actor_config).top_k
-        model_output.update(
-            _simko_model_outputs(self, impl, output, output_args, micro_batch, model_output, top_k)
-        )
+        model_output.update(_simko_model_outputs(self, output, output_args, micro_batch, model_output, top_k))
         return model_output
 
     prepare_model_outputs.__capo_verl_simko__ = True
