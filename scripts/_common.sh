@@ -11,7 +11,9 @@
 #                     (default: "deepscaler_val aime24 aime25"; add math500 amc23 minerva_math olympiadbench)
 #   NNODES            nodes of the Ray cluster used by the run              (default: 1)
 #   N_GPUS_PER_NODE   GPUs per node                                         (default: 8)
-#   PYTHON            Python of the environment with capo-verl installed    (default: python3)
+#   PYTHON            Python of the environment with capo-verl installed
+#                     (default: this repository's .venv/bin/python, made by scripts/setup.sh, when it exists;
+#                     else python3). The launcher stops with a message when that Python has no verl.
 #   RAY_ADDRESS       set it (e.g. "auto") to run on an existing Ray cluster; unset: a local Ray instance
 #
 # Multi-node: start Ray on every node first (head: `ray start --head --port=6379`; others:
@@ -33,8 +35,30 @@ Runs: python -m verl.trainer.main_ppo --config-path=${CAPO_CONFIG_DIR} --config-
                    (CAPO configs also take ablation=<name>, see configs/ablation/)
 
 Paths and cluster size come from CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B, CAPO_MODEL_7B,
-CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS (see scripts/_common.sh).
+CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS, PYTHON (see scripts/_common.sh).
 EOF
+}
+
+# _capo_python: print the Python to run (PYTHON, else .venv/bin/python of this repository, else python3); return 2
+# with a message naming the fix when it cannot import verl (checked without importing it, which takes seconds).
+_capo_python() {
+    local python
+    if [ -n "${PYTHON:-}" ]; then
+        python="$PYTHON"
+    elif [ -x "${_CAPO_REPO_DIR}/.venv/bin/python" ]; then
+        python="${_CAPO_REPO_DIR}/.venv/bin/python"
+    else
+        python=python3
+    fi
+    if ! "$python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("verl") is None)' 2>/dev/null; then
+        {
+            echo "error: no Python with verl: '${python}' $(command -v "$python" >/dev/null 2>&1 && echo "cannot import verl" || echo "was not found")"
+            echo "       run 'bash scripts/setup.sh' once (it creates ${_CAPO_REPO_DIR}/.venv, which the scripts then use),"
+            echo "       or set PYTHON to the Python of an environment with capo-verl installed (pip install -e '.[gpu]')"
+        } >&2
+        return 2
+    fi
+    echo "$python"
 }
 
 # capo_launch CONFIG_NAME MODEL_PATH [--dry-run] [HYDRA_OVERRIDE ...]
@@ -56,7 +80,8 @@ capo_launch() {
         esac
     done
 
-    local python="${PYTHON:-python3}"
+    local python
+    python="$(_capo_python)" || return 2
     local data_dir="${CAPO_DATA_DIR:-$HOME/data/capo}"
     local ckpt_dir="${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}"
     local val_sets="${CAPO_VAL_SETS:-deepscaler_val aime24 aime25}"

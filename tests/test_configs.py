@@ -10,6 +10,8 @@ import pytest
 import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat), as verl's launcher does
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from capo_verl.estimators import CdeConfig, CodapoConfig
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -19,7 +21,7 @@ from verl.workers.config import RolloutConfig
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-RUNS = [f"{m}_qwen2.5_math_{s}" for m in ("grpo", "gspo", "capo") for s in ("1.5b", "7b")]
+RUNS = [f"{m}_qwen2.5_math_{s}" for m in ("grpo", "gspo", "capo", "codapo", "cde") for s in ("1.5b", "7b")]
 ABLATIONS = ["tau0.4", "tau0.6", "tau1.0", "mask_1.25_2.1", "no_mask", "grpo_mask"]
 HF_ID = {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}
 STEPS = {"1.5b": 600, "7b": 400}
@@ -103,6 +105,25 @@ def test_run_config_composes_validates_and_matches_paper(name):
         assert actor.clip_ratio_low == pytest.approx(3e-4) and actor.clip_ratio_high == pytest.approx(4e-4)
         assert core_algos.get_policy_loss_fn("gspo") is not None
         assert need_reference_policy(cfg) is False
+    elif method == "codapo":
+        assert cfg.algorithm.adv_estimator == "codapo"
+        # the authors' values (tmlr-group/CoDaPO): weight_offset 0.1, std-normalised GRPO advantages
+        assert dict(cfg.algorithm.codapo) == {"weight_offset": 0.1, "reward_threshold": 0.5}
+        assert cfg.algorithm.norm_adv_by_std_in_grpo is True
+        assert CodapoConfig.from_algorithm_config(cfg.algorithm) == CodapoConfig(weight_offset=0.1)
+        assert actor.policy_loss.loss_mode == "vanilla" and actor.clip_ratio == 0.2
+        assert need_reference_policy(cfg) is False  # no reference model
+    elif method == "cde":
+        assert cfg.algorithm.adv_estimator == "cde"
+        # CDE paper: kappa 3, alpha 1; the staircase drops the bonus after half of the run
+        assert dict(cfg.algorithm.cde) == {
+            "w0": 1.0, "w_zero_after_step": STEPS[size] // 2, "kappa": 3.0, "alpha": 1.0, "reward_threshold": 0.5
+        }
+        assert cfg.algorithm.norm_adv_by_std_in_grpo is True
+        assert CdeConfig.from_algorithm_config(cfg.algorithm).w_zero_after_step == STEPS[size] // 2
+        assert actor.policy_loss.loss_mode == "vanilla" and actor.clip_ratio == 0.2
+        assert need_reference_policy(cfg) is False
+        assert cfg.trainer.use_v1 is True  # the step schedule reads the v1 trainer's global_steps
     else:
         assert cfg.algorithm.adv_estimator == "capo"
         assert dict(cfg.algorithm.capo) == {
@@ -116,7 +137,7 @@ def test_run_config_composes_validates_and_matches_paper(name):
         assert actor.clip_ratio_low == 0.2 and actor.clip_ratio_high == 0.2
         # the noise mask needs ref_log_prob: the reference pass is on, without any KL term
         assert need_reference_policy(cfg) is True
-    # the estimator name is registered with verl (capo by capo_verl.estimator, grpo by verl)
+    # the estimator name is registered with verl (capo, codapo, cde by capo_verl.estimators, grpo by verl)
     assert core_algos.get_adv_estimator_fn(cfg.algorithm.adv_estimator) is not None
 
 
@@ -172,6 +193,17 @@ def test_paths_from_variables(monkeypatch, size):
     assert cfg.data.train_files == "/data/capo/deepscaler_train.parquet"
     assert cfg.data.val_files[0] == "/data/capo/deepscaler_val.parquet"
     assert cfg.trainer.default_local_dir == f"/ckpt/capo/gspo_qwen2.5_math_{size}"
+
+
+def test_method_keys_override_without_plus():
+    """The codapo and cde configs declare their sections: plain overrides, and bad values stop at the estimator."""
+    cfg = compose_checked("cde_qwen2.5_math_1.5b", ["algorithm.cde.w0=0.5", "algorithm.cde.w_zero_after_step=null"])
+    assert CdeConfig.from_algorithm_config(cfg.algorithm) == CdeConfig(w0=0.5, w_zero_after_step=None)
+    cfg = compose_checked("codapo_qwen2.5_math_7b", ["algorithm.codapo.weight_offset=0.2"])
+    assert CodapoConfig.from_algorithm_config(cfg.algorithm).weight_offset == 0.2
+    cfg = compose_checked("codapo_qwen2.5_math_7b", ["+algorithm.codapo.percentile=0.75"])
+    with pytest.raises(ValueError, match="algorithm.codapo.percentile: CoDaPO's resampling"):
+        CodapoConfig.from_algorithm_config(cfg.algorithm)
 
 
 def test_overrides_without_plus():
@@ -326,3 +358,54 @@ def test_script_rejects_unknown_option(tmp_path):
         text=True,
     )
     assert proc.returncode == 2 and "unknown option --dryrun" in proc.stderr
+
+
+def _fake_repo(tmp_path: Path) -> Path:
+    """A copy of scripts/ and configs/ (the launcher finds .venv next to them), without a .venv."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(SCRIPTS_DIR, repo / "scripts")
+    shutil.copytree(CONFIG_DIR, repo / "configs")
+    return repo
+
+
+def test_scripts_use_the_project_venv_without_PYTHON(tmp_path):
+    """After scripts/setup.sh a plain `bash scripts/run_*.sh` runs .venv/bin/python, not the system python3."""
+    repo = _fake_repo(tmp_path)
+    venv_python = repo / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a Python with verl, as setup.sh makes
+    venv_python.chmod(0o755)
+    env = _script_env(tmp_path)
+    env.pop("PYTHON")
+    proc = subprocess.run(
+        ["bash", str(repo / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [cmd] = _commands(proc.stdout)
+    assert cmd[0] == str(repo / ".venv" / "bin" / "python")
+    assert "All configuration checks passed" in proc.stdout
+
+
+@pytest.mark.parametrize("python", ["missing", "without_verl"])
+def test_scripts_stop_clearly_without_a_python_with_verl(tmp_path, python):
+    repo = _fake_repo(tmp_path)
+    env = _script_env(tmp_path)
+    if python == "missing":
+        env["PYTHON"] = str(tmp_path / "no" / "python")
+    else:  # no PYTHON and no .venv: python3 from PATH, here a real Python without site-packages, so without verl
+        env.pop("PYTHON")
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+        (bin_dir / "python3").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    for script in ("run_cde_qwen2.5_math_7b.sh", "run_capo_qwen2.5_math_1.5b.sh"):
+        proc = subprocess.run(["bash", str(repo / "scripts" / script), "--dry-run"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "error: no Python with verl" in proc.stderr and "bash scripts/setup.sh" in proc.stderr
+        assert ("was not found" if python == "missing" else "cannot import verl") in proc.stderr
+        assert "ModuleNotFoundError" not in proc.stderr and "# command" not in proc.stdout
