@@ -327,7 +327,7 @@ def gsm8k_calc_prompt(expression: str) -> str:
 
 
 def write_gsm8k_calc_parquet(
-    out_dir: str | os.PathLike, *, n_train: int = 256, n_val: int = 16, seed: int = 0
+    out_dir: str | os.PathLike, *, n_train: int = 256, n_val: int = 16, n_test: int = 0, seed: int = 0
 ) -> tuple[Path, Path]:
     """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (see ``capo_verl/data.py``).
 
@@ -337,6 +337,9 @@ def write_gsm8k_calc_parquet(
     system prompt), ``reward_model={"style": "rule", "ground_truth": result}``,
     ``extra_info={"split", "index", "problem"}``. Source: openai/grade-school-math (MIT), see
     ``capo_verl/resources/SOURCES.md``.
+
+    With ``n_test > 0`` a third file, ``<out_dir>/gsm8k_calc_test.parquet``, holds the next ``n_test`` problems of
+    the same shuffled GSM8K test slice (disjoint from the validation rows): a held-out evaluation set.
 
     Returns:
         ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
@@ -351,14 +354,19 @@ def write_gsm8k_calc_parquet(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, source, count in (
-        ("train", resources / "train" / "gsm8k_train.jsonl", n_train),
-        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", n_val),
-    ):
+    splits = [
+        ("train", resources / "train" / "gsm8k_train.jsonl", 0, n_train),
+        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", 0, n_val),
+    ]
+    if n_test > 0:
+        splits.append(("test", resources / "benchmarks" / "gsm8k_test.jsonl", n_val, n_test))
+    for split, source, start, count in splits:
         problems = gsm8k_calc_problems(source)
-        if count > len(problems):
-            raise ValueError(f"asked for {count} {split} calculations, the slice of {source.name} has {len(problems)}")
-        order = np.random.default_rng(seed).permutation(len(problems))[:count]
+        if start + count > len(problems):
+            raise ValueError(
+                f"asked for {start + count} calculations of {source.name} ({split}), its slice has {len(problems)}"
+            )
+        order = np.random.default_rng(seed).permutation(len(problems))[start : start + count]
         rows = []
         for index in order:
             expr, result = problems[int(index)]
