@@ -287,3 +287,6 @@ def test_entropy_no_grad_matches_verl_formula():
     torch.testing.assert_close(ours, entropy_from_logits(logits / temp.unsqueeze(-1)), rtol=1e-5, atol=1e-6)
     assert not ours.requires_grad
     assert math.isfinite(ours.sum().item())
+    rows = torch.tensor([30, 2, 2, 17, 5, 36])
+    picked = entropy_from_logits_no_grad(logits, temp[rows], chunk_size=4, rows=rows)
+    torch.testing.assert_close(picked, ours[rows], rtol=0, atol=0)

@@ -265,7 +265,7 @@ def _simko_model_outputs(engine, output, output_args, micro_batch, model_output,
     elif rows is None:
         entropy = entropy_from_logits_no_grad(logits, temperature, chunk)
     else:
-        entropy = entropy_from_logits_no_grad(logits[rows], None if temperature is None else temperature[rows], chunk)
+        entropy = entropy_from_logits_no_grad(logits, None if temperature is None else temperature[rows], chunk, rows)
 
     nested = functools.partial(torch.nested.nested_tensor_from_jagged, offsets=cu_seqlens)
     return {

@@ -307,22 +307,32 @@ def topk_logit_gaps(
 
 
 def entropy_from_logits_no_grad(
-    logits: torch.Tensor, temperature: torch.Tensor | None = None, chunk_size: int = 2048
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    chunk_size: int = 2048,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Token entropy in nats from ``(N, V)`` raw logits, in float32 chunks of ``chunk_size`` rows, without autograd.
+    """Token entropy in nats from raw logits, in float32 chunks of ``chunk_size`` rows, without autograd.
 
     Args:
-        logits: ``(N, V)`` raw logits.
-        temperature: None for temperature 1, else ``(N,)``; scaled as in :func:`topk_logit_gaps`.
+        logits: ``(M, V)`` raw logits.
+        temperature: None for temperature 1, else ``(N,)`` (one per returned row); scaled as in
+            :func:`topk_logit_gaps`.
         chunk_size: rows per chunk (peak extra memory ``chunk_size x V`` float32).
+        rows: optional ``(N,)`` long indices of the rows of ``logits`` to use (gathered chunk by chunk, so the
+            selected logits are never copied at once); default all ``M`` rows.
 
     Returns:
         ``(N,)`` float32 entropy, detached.
     """
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    n = logits.shape[0] if rows is None else rows.shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=logits.device)
     with torch.no_grad():
-        for start in range(0, logits.shape[0], chunk_size):
-            chunk = logits[start : start + chunk_size].detach()
+        for start in range(0, n, chunk_size):
+            if rows is None:
+                chunk = logits[start : start + chunk_size].detach()
+            else:
+                chunk = logits.detach().index_select(0, rows[start : start + chunk_size])
             if temperature is not None:
                 chunk = chunk / temperature[start : start + chunk_size].reshape(-1, 1).clamp(min=1e-8).to(chunk.dtype)
             chunk = chunk.float()
