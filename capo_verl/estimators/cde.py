@@ -26,7 +26,8 @@ which verl restores from the checkpoint on resume, so a resumed run continues th
 Differences from the paper: the paper assumes rewards in {+1, -1}; capo-verl's reward is 0/1, with which a wrong
 answer (|R| = 0) would get no bonus at all, so correctness is mapped to +-1 first. With ``w_t = 0`` this is
 GRPO on +-1 rewards: the same advantages as GRPO on 0/1 rewards when normalised by the std (up to the 1e-6), and
-twice Dr. GRPO's without (a lone response in its group keeps its reward, as in verl's GRPO: -1 instead of 0). CDE's critic-side bonus (variance of a multi-head critic, PPO only) is not implemented.
+twice Dr. GRPO's without (a lone response in its group keeps its reward, as in verl's GRPO: -1 instead of 0).
+CDE's critic-side bonus (variance of a multi-head critic, PPO only) is not implemented.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class CdeConfig:
         step = self.w_zero_after_step
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(
-                f"algorithm.cde.w_zero_after_step must be a non-negative integer (a training step) or null, got {step!r}"
+                "algorithm.cde.w_zero_after_step must be a non-negative integer (a training step) or null, "
+                f"got {step!r}"
             )
         check_positive("cde", "kappa", self.kappa, CdeConfig.kappa)
         check_positive("cde", "alpha", self.alpha, CdeConfig.alpha)

@@ -123,7 +123,8 @@ def group_ids(index, bs: int, estimator: str = "capo") -> tuple[np.ndarray, int]
         raise ValueError(f"uid/index has shape {index.shape}, expected ({bs},): one group id per response")
     gid, keys = pd.factorize(index)
     if (gid < 0).any():
-        raise ValueError(f"uid/index has None or NaN at rows {np.flatnonzero(gid < 0)[:5].tolist()}; every response needs a uid")
+        rows = np.flatnonzero(gid < 0)[:5].tolist()
+        raise ValueError(f"uid/index has None or NaN at rows {rows}; every response needs a uid")
     return gid.astype(np.int64, copy=False), len(keys)
 
 
@@ -278,7 +279,8 @@ def check_number(section: str, key: str, value, default) -> float:
     """``value`` as a float; raises ValueError naming ``algorithm.<section>.<key>`` if it is not a finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(
-            f"algorithm.{section}.{key} must be a finite number, got {value!r}; set e.g. algorithm.{section}.{key}={default}"
+            f"algorithm.{section}.{key} must be a finite number, got {value!r}; "
+            f"set e.g. algorithm.{section}.{key}={default}"
         )
     return float(value)
 
@@ -287,6 +289,7 @@ def check_positive(section: str, key: str, value, default) -> float:
     """``value`` as a float > 0; raises ValueError naming ``algorithm.<section>.<key>`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(
-            f"algorithm.{section}.{key} must be a positive number, got {value!r}; set e.g. +algorithm.{section}.{key}={default}"
+            f"algorithm.{section}.{key} must be a positive number, got {value!r}; "
+            f"set e.g. +algorithm.{section}.{key}={default}"
         )
     return float(value)
