@@ -326,6 +326,16 @@ def write_report(out: Path, methods: list[str], *, n_boot: int = 2000, plots: bo
             step = common[-1]
             diff = paired_difference(pa[step], pb[step], n_boot=n_boot)
             summary["differences"][f"{m} - {base}"] = {"step": step, **diff}
+    eval_metrics = out / "eval_report" / "metrics.json"
+    if eval_metrics.exists():  # `capo-verl eval score` of the final checkpoints on the held-out set
+        scored = json.loads(eval_metrics.read_text())
+        summary["held_out_eval"] = {
+            "report": "eval_report/report.md",
+            "methods": {m: {k: scored[m]["all"].get(k) for k in ("n_questions", "k", "mean_acc", "auc_mean",
+                                                                 "n_mixed_questions", "its_accuracy")}
+                        | {"precision_coverage_area": scored[m]["all"]["precision_coverage"]["area"]}
+                        for m in methods if m in scored},
+        }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     (out / "summary.md").write_text(_summary_markdown(summary, methods))
     if plots:
@@ -354,6 +364,19 @@ def _summary_markdown(summary: dict, methods: list[str]) -> str:
         for name, d in summary["differences"].items():
             lines.append(f"| {name} | {d['step']} | {_fmt_ci(d['auc_mean_diff'], d['auc_mean_diff_ci'])} | "
                          f"{_fmt_ci(d['accuracy_diff'], d['accuracy_diff_ci'], pct=True)} |")
+    held_out = summary.get("held_out_eval")
+    if held_out:
+        lines += ["", f"Held-out evaluation of the final checkpoints (`capo-verl eval`; full report: "
+                  f"[{held_out['report']}]({held_out['report']}), with precision-coverage and inference-time scaling):",
+                  "", "| method | questions x k (mixed) | AUC-mean | mean@k | precision-coverage area | "
+                  "ITS: perplexity consistency | ITS: majority vote |", "|---|---|---|---|---|---|---|"]
+        for m, e in held_out["methods"].items():
+            auc = "n/a" if e["auc_mean"] is None else f"{e['auc_mean']:.3f}"
+            its = e.get("its_accuracy") or {}
+            lines.append(f"| {m} | {e['n_questions']} x {e['k']} ({e['n_mixed_questions']}) | {auc} | "
+                         f"{100 * e['mean_acc']:.1f}% | {e['precision_coverage_area']:.3f} | "
+                         f"{100 * its.get('ppl_consistency', float('nan')):.1f}% | "
+                         f"{100 * its.get('majority_vote', float('nan')):.1f}% |")
     runs = [(m, summary["methods"][m].get("run")) for m in methods]
     if any(r for _, r in runs):
         lines += ["", "Runs:", ""]

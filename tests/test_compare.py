@@ -121,7 +121,7 @@ def test_compare_cli_two_methods_two_steps_tiny_model(tmp_path):
         assert (out / name).stat().st_size > 5000, name
     md = (out / "summary.md").read_text()
     assert "| capo | 2 |" in md and "capo - grpo" in md
-    assert (out / "eval_report" / "metrics.json").exists()
+    assert (out / "eval_report" / "metrics.json").exists() and "Held-out evaluation" in md
 
     # resume: both runs are done, so nothing is trained again; --plot-only redraws from the logs
     again = subprocess.run(cmd + ["--no-eval"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
