@@ -392,13 +392,18 @@ def _plots(out: Path, runs: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def figure(name, title, ylabel, getter):
+    def figure(name, title, ylabel, getter, smooth=0):
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         drawn = False
         for m, r in runs.items():
             xs, ys, lo, hi = getter(r)
             if xs:
                 drawn = True
+                if smooth and len(ys) >= smooth:  # raw per-step values faint, trailing moving average bold
+                    line = ax.plot(xs, ys, lw=0.8, alpha=0.35)[0]
+                    avg = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
+                    ax.plot(xs[smooth - 1:], avg, color=line.get_color(), lw=2, label=f"{m} ({smooth}-step mean)")
+                    continue
                 line = ax.plot(xs, ys, marker="o", ms=3, label=m)[0]
                 if lo is not None:
                     ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
@@ -434,8 +439,8 @@ def _plots(out: Path, runs: dict) -> None:
     figure("val_accuracy.png", "validation accuracy mean@k (95% bootstrap band)", "accuracy",
            val_getter("accuracy", "accuracy_ci"))
     figure("train_auc_mean.png", "training batch AUC-mean (capo/auc_mean)", "AUC-mean",
-           metric_getter("capo/auc_mean"))
-    figure("entropy.png", "actor entropy", "entropy (nats)", metric_getter("actor/entropy"))
+           metric_getter("capo/auc_mean"), smooth=5)
+    figure("entropy.png", "actor entropy", "entropy (nats)", metric_getter("actor/entropy"), smooth=5)
 
 
 # ---------------------------------------------------------------------------------------------- training
