@@ -403,3 +403,36 @@ def test_covered_setup_passes_the_check():
     compat_simko.check_simko_setup(_trainer_config("actor_rollout_ref.actor.strategy=fsdp2"))
     compat_simko.check_simko_setup(_trainer_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
                                                    "actor_rollout_ref.actor.strategy=megatron"))
+
+
+def test_patches_refuse_a_verl_whose_code_changed():
+    import dataclasses
+    import types
+
+    class Engine:
+        def prepare_model_outputs(self, output, micro_batch):
+            pass
+
+    with pytest.raises(RuntimeError, match="prepare_model_outputs has parameters"):
+        compat_simko._patch_engine(types.SimpleNamespace(FSDPEngineWithLMHead=Engine))
+
+    def ppo_loss(config, model_output):
+        pass
+
+    with pytest.raises(RuntimeError, match="ppo_loss has parameters"):
+        compat_simko._patch_ppo_loss(types.SimpleNamespace(ppo_loss=ppo_loss, no_padding_2_padding=None))
+
+    @dataclasses.dataclass
+    class PolicyLossConfig:
+        loss_mode: str = "vanilla"
+        simko: int = 0
+
+    with pytest.raises(RuntimeError, match="PolicyLossConfig has fields"):
+        compat_simko._patch_policy_loss_config(types.SimpleNamespace(PolicyLossConfig=PolicyLossConfig))
+
+    from verl.trainer.ppo import core_algos
+
+    assert core_algos.get_policy_loss_fn("simko") is compat_simko.compute_policy_loss_simko
+    fake = types.SimpleNamespace(POLICY_LOSS_REGISTRY={"simko": ppo_loss}, register_policy_loss=None)
+    with pytest.raises(RuntimeError, match="already registered"):
+        compat_simko._register_loss(fake)

@@ -104,7 +104,6 @@ def simko_params_of(actor_config):
 # --- 4. config -------------------------------------------------------------------------------------------------------
 def _patch_policy_loss_config(config_pkg) -> None:
     """verl/workers/config: ``PolicyLossConfig`` with a ``simko`` field (validated, defaults filled in)."""
-    actor_module = sys.modules["verl.workers.config.actor"]
     original = config_pkg.PolicyLossConfig
     names = {f.name for f in dataclasses.fields(original)}
     if "loss_mode" not in names or "simko" in names:
@@ -114,6 +113,7 @@ def _patch_policy_loss_config(config_pkg) -> None:
         )
     if getattr(original, "__capo_verl_simko__", False):
         return
+    actor_module = sys.modules["verl.workers.config.actor"]
 
     @dataclass
     class SimKOPolicyLossConfig(original):
