@@ -3,7 +3,8 @@
 Same setting as tests/test_e2e_cpu.py (v1 trainer, Ray, FSDP2, TransferQueue, ``hf`` rollout, a tiny random Qwen2
 model, GSM8K one-step calculations, a parity reward that makes about half of the groups mixed), 2 steps. It shows
 that the ``simko`` loss is found in the actor worker, that the engine's top-K tensors reach it (the loss raises
-without them), and that its diagnostics come back in verl's metrics. About 1-2 minutes on 2 cores.
+without them), and that its diagnostics come back in verl's metrics, with the paper configs' packed layout
+(``use_remove_padding``) and token-budget micro-batches (``use_dynamic_bsz``). About 1-2 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def test_simko_trains_through_verl_main_ppo_on_cpu(tmp_path):
             "+actor_rollout_ref.actor.policy_loss.simko.alpha=0.1",
             "+actor_rollout_ref.actor.policy_loss.simko.entropy_quantile=0.5",
             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+            # the paper configs' layout: packed sequences, micro-batches by token budget (several per update)
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=400",
         ],
     )
     assert rc == 0, log[-4000:]
