@@ -15,7 +15,6 @@ import torch
 
 from capo_verl.losses.simko import (
     SimKOParams,
-    entropy_from_logits_no_grad,
     entropy_quantile_threshold,
     parse_simko_config,
     simko_diagnostics,
@@ -265,7 +264,8 @@ def test_topk_gaps_plus_log_prob_are_the_top_k_log_probs(dtype, temperature):
     scaled = logits if temp is None else logits / temp.clamp(min=1e-8).to(dtype).unsqueeze(-1)  # verl's scaling
     logp_all = torch.log_softmax(scaled.float(), -1)
     log_prob = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    gaps, is_top1 = topk_logit_gaps(logits, labels, k, temp)
+    gaps, is_top1, entropy = topk_logit_gaps(logits, labels, k, temp, chunk_size=7)
+    assert entropy is None
     ours = log_prob.unsqueeze(-1) + gaps
     direct = logp_all.gather(-1, scaled.detach().float().topk(k, -1).indices)
     torch.testing.assert_close(ours, direct, rtol=0, atol=2e-5)
@@ -277,16 +277,23 @@ def test_topk_gaps_plus_log_prob_are_the_top_k_log_probs(dtype, temperature):
                                atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
 
 
-def test_entropy_no_grad_matches_verl_formula():
+def test_entropy_and_row_selection_match_verl_formula():
     from verl.utils.torch_functional import entropy_from_logits
 
     g = torch.Generator().manual_seed(4)
-    logits = torch.randn(37, 50, generator=g) * 3
+    logits = (torch.randn(37, 50, generator=g) * 3).requires_grad_(True)
+    labels = torch.randint(0, 50, (37,), generator=g)
     temp = torch.rand(37, generator=g) + 0.5
-    ours = entropy_from_logits_no_grad(logits, temp, chunk_size=8)
-    torch.testing.assert_close(ours, entropy_from_logits(logits / temp.unsqueeze(-1)), rtol=1e-5, atol=1e-6)
-    assert not ours.requires_grad
-    assert math.isfinite(ours.sum().item())
+    gaps, is_top1, ours = topk_logit_gaps(logits, labels, 3, temp, with_entropy=True, chunk_size=8)
+    expected = entropy_from_logits(logits.detach() / temp.unsqueeze(-1))
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    assert not ours.requires_grad and math.isfinite(ours.sum().item())
     rows = torch.tensor([30, 2, 2, 17, 5, 36])
-    picked = entropy_from_logits_no_grad(logits, temp[rows], chunk_size=4, rows=rows)
-    torch.testing.assert_close(picked, ours[rows], rtol=0, atol=0)
+    sel_gaps, sel_top1, sel_entropy = topk_logit_gaps(logits, labels[rows], 3, temp[rows], rows=rows,
+                                                      with_entropy=True, chunk_size=4)
+    torch.testing.assert_close(sel_entropy, ours[rows], rtol=0, atol=0)
+    torch.testing.assert_close(sel_gaps, gaps[rows], rtol=0, atol=0)
+    assert torch.equal(sel_top1, is_top1[rows])
+    (g_sel,) = torch.autograd.grad(sel_gaps.sum(), logits)
+    (g_all,) = torch.autograd.grad(gaps[rows].sum(), logits)
+    torch.testing.assert_close(g_sel, g_all, rtol=0, atol=0)

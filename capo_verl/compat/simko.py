@@ -16,7 +16,8 @@ and the token entropy (detached). verl 0.9.1 hands a registered policy loss only
    so the logsumexp verl already computed is reused: one ``topk`` and one gather of K + 1 logits per token),
    ``simko_is_top1`` (float 0/1) and ``simko_entropy`` (verl's own entropy, detached, when
    ``actor.calculate_entropy`` or ``entropy_coeff`` turned it on; otherwise computed here without autograd in
-   float32 chunks). Both of verl's layouts are covered: remove-padding (packed ``(1, total_nnz)`` input, with
+   float32 chunks, with one ``exp`` pass). All of it only at the positions that predict a response token (zeros
+   elsewhere; prompt positions never reach the loss). Both of verl's layouts are covered: remove-padding (packed ``(1, total_nnz)`` input, with
    ``pad_to_length``'s static pad stripped) and padded ``(bsz, max_len)`` input. Every other loss, and every
    forward without a loss (``compute_log_prob``), returns verl's output unchanged and computes nothing more.
 2. **Loss input** (``verl/workers/utils/losses.py``): wraps ``ppo_loss`` so that, for ``loss_mode=simko``, those
@@ -51,7 +52,6 @@ import torch
 from capo_verl.losses.simko import (
     CONFIG_KEY,
     SOURCE,
-    entropy_from_logits_no_grad,
     parse_simko_config,
     simko_diagnostics,
     simko_terms,
@@ -239,40 +239,68 @@ def _simko_model_outputs(engine, output, output_args, micro_batch, model_output,
     unit_temperature = output_args.get("temperature_is_one", False)
     engine_config = getattr(engine, "engine_config", None)
     chunk = int(getattr(engine_config, "entropy_from_logits_chunk_size", 2048) or 2048)
+    reuse_entropy = "entropy" in model_output  # verl computed it (calculate_entropy / entropy_coeff): reuse it
+    # Only the positions that predict a response token reach the loss: compute there, zeros elsewhere.
+    used = _response_positions(micro_batch, cu_seqlens)  # (n,) indices into the packed (total,) sequence
 
     if get(key="use_remove_padding", default=True):
-        logits = logits.squeeze(0)[:total]  # strip the static pad (a suffix without SP)
-        labels = output_args["input_ids_rmpad_rolled"][:total]
-        temperature = None if unit_temperature else output_args["temperature_rmpad"][:total]
-        gaps, is_top1 = topk_logit_gaps(logits, labels, top_k, temperature)
-        rows = None
+        logits = logits.squeeze(0)  # (total + static pad, V): the pad is a suffix (no SP), never selected
+        labels = output_args["input_ids_rmpad_rolled"][used]
+        temperature = None if unit_temperature else output_args["temperature_rmpad"][used]
+        rows = used
     else:
         bsz, seq_len, vocab = logits.shape
         lengths = cu_seqlens.diff()
         valid = torch.arange(seq_len, device=logits.device).unsqueeze(0) < lengths.unsqueeze(1)  # (bsz, S)
-        rows = valid.reshape(-1).nonzero().squeeze(-1)  # packed order = row-major order of the valid positions
-        labels = torch.zeros(bsz * seq_len, dtype=torch.long, device=logits.device)
-        labels[rows] = output_args["input_ids_rmpad_rolled"].to(torch.long)
-        logits = logits.reshape(bsz * seq_len, vocab)
+        packed_to_padded = valid.reshape(-1).nonzero().squeeze(-1)  # packed order = row-major valid positions
+        rows = packed_to_padded[used]
+        logits = logits.reshape(bsz * seq_len, vocab)  # a view
+        labels = output_args["input_ids_rmpad_rolled"][used]
         temperature = None
         if not unit_temperature:
-            temperature = output_args["temperature"].to(torch.float32).repeat_interleave(seq_len)
-        gaps, is_top1 = topk_logit_gaps(logits, labels, top_k, temperature)
-        gaps, is_top1 = gaps[rows], is_top1[rows]
+            temperature = output_args["temperature"].to(torch.float32).repeat_interleave(lengths)[used]
+    gaps, is_top1, entropy = topk_logit_gaps(
+        logits, labels, top_k, temperature, rows=rows, with_entropy=not reuse_entropy, chunk_size=chunk
+    )
+    if reuse_entropy:
+        entropy = model_output["entropy"].values().detach().float()[used]
 
-    if "entropy" in model_output:  # verl computed it (calculate_entropy / entropy_coeff): reuse, detached
-        entropy = model_output["entropy"].values().detach().float()
-    elif rows is None:
-        entropy = entropy_from_logits_no_grad(logits, temperature, chunk)
-    else:
-        entropy = entropy_from_logits_no_grad(logits, None if temperature is None else temperature[rows], chunk, rows)
+    def packed(values: torch.Tensor) -> torch.Tensor:
+        full = values.new_zeros((total, *values.shape[1:]))
+        return torch.nested.nested_tensor_from_jagged(full.index_put((used,), values), offsets=cu_seqlens)
 
-    nested = functools.partial(torch.nested.nested_tensor_from_jagged, offsets=cu_seqlens)
     return {
-        GAPS_KEY: nested(gaps),
-        TOP1_KEY: nested(is_top1.to(torch.float32)),
-        ENTROPY_KEY: nested(entropy),
+        GAPS_KEY: packed(gaps),
+        TOP1_KEY: packed(is_top1.to(torch.float32)),
+        ENTROPY_KEY: packed(entropy),
     }
+
+
+def _response_positions(micro_batch, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Indices, in the packed token order, of the positions whose next token is a response token.
+
+    Sequence i (prompt p_i, response r_i tokens, ending at packed offset o_i) predicts its response at
+    ``o_i - r_i - 1 ... o_i - 2``: the positions verl's ``no_padding_2_padding`` (``verl/workers/utils/padding.py``)
+    slices for ``log_probs``, with the prompt and response lengths read the same way.
+    """
+    prompts, responses = micro_batch["prompts"], micro_batch["responses"]
+    if prompts.is_nested:
+        prompt_lens = prompts.offsets().diff()
+        response_lens = responses.offsets().diff()
+    else:
+        attention_mask = micro_batch["attention_mask"]
+        prompt_lens = attention_mask[:, : prompts.shape[1]].sum(dim=1)
+        response_lens = attention_mask[:, prompts.shape[1]:].sum(dim=1)
+    ends = cu_seqlens[1:].to(torch.long)
+    if not torch.equal((prompt_lens + response_lens).to(torch.long), ends - cu_seqlens[:-1].to(torch.long)):
+        raise _runtime_error("prompt and response lengths do not add up to the packed sequence lengths")
+    response_lens = response_lens.to(torch.long)
+    starts = ends - response_lens - 1
+    first = torch.repeat_interleave(starts, response_lens)
+    within = torch.arange(int(response_lens.sum()), device=ends.device) - torch.repeat_interleave(
+        response_lens.cumsum(0) - response_lens, response_lens
+    )
+    return first + within
 
 
 def _patch_engine(impl) -> None:

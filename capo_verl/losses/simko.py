@@ -272,71 +272,62 @@ def simko_diagnostics(
 
 
 def topk_logit_gaps(
-    logits: torch.Tensor, labels: torch.Tensor, top_k: int, temperature: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gaps ``s_k - s_t`` between the top-K logits and the sampled token's logit, and the top-1 mask.
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    top_k: int,
+    temperature: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    with_entropy: bool = False,
+    chunk_size: int = 2048,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gaps ``s_k - s_t`` between the top-K logits and the sampled token's logit, the top-1 mask, and the entropy.
 
     With the log-prob of the sampled token ``log p_t = s_t - logsumexp(s)`` that the actor computes anyway, the
     top-K log-probs are ``log p_k = log p_t + (s_k - s_t)``: the logsumexp is reused and the top-K log-probs cost
     one ``topk`` over the vocabulary (on detached logits) and one gather of K + 1 logits per token, never K copies
-    of the logits (the authors expand the logits K times, ``dp_actor.py`` lines 209-222).
+    of the logits (the authors expand the logits K times, ``dp_actor.py`` lines 209-222). The vocabulary-wide
+    passes (``topk``, and the entropy when asked for) run without autograd over chunks of ``chunk_size`` rows.
 
     Args:
-        logits: ``(N, V)`` raw logits (any float dtype), with gradient.
-        labels: ``(N,)`` long, the sampled token at each position.
+        logits: ``(M, V)`` raw logits (any float dtype), with gradient.
+        labels: ``(N,)`` long, the sampled token at each used row.
         top_k: K >= 1.
-        temperature: None for temperature 1, else ``(N,)`` float; the gathered logits are divided by
-            ``temperature.clamp(min=1e-8)`` cast to the logits' dtype, as verl 0.9.1 scales logits
+        temperature: None for temperature 1, else ``(N,)`` float; logits are divided by ``temperature.clamp(min=1e-8)``
+            cast to the logits' dtype, as verl 0.9.1 scales them
             (``verl/workers/engine/fsdp/transformer_impl.py::_scale_logits_by_temperature``).
+        rows: optional ``(N,)`` long, the rows of ``logits`` to use (default: all ``M`` rows, ``N = M``); the
+            selected logits are never copied at once.
+        with_entropy: also return the token entropy (nats, float32, no autograd) of the scaled logits, computed as
+            ``log Z - sum_v e_v (s_v - max s) / Z`` with ``e = exp(s - max s)``, ``Z = sum e`` (one ``exp`` pass).
+        chunk_size: rows per chunk (peak extra memory about ``3 x chunk_size x V`` float32).
 
     Returns:
-        ``gaps`` ``(N, K)`` float32 with gradient (K most likely tokens in descending order) and ``is_top1`` ``(N,)``
-        bool (``s_t >= max_v s_v``).
+        ``gaps`` ``(N, K)`` float32 with gradient (K most likely tokens in descending order), ``is_top1`` ``(N,)``
+        bool (``s_t >= max_v s_v``), and ``entropy`` ``(N,)`` float32 or None.
     """
+    n = logits.shape[0] if rows is None else rows.shape[0]
+    detached = logits.detach()
+    top_index = torch.empty(n, top_k, dtype=torch.long, device=logits.device)
+    entropy = torch.empty(n, dtype=torch.float32, device=logits.device) if with_entropy else None
     with torch.no_grad():
-        top_index = torch.topk(logits.detach(), k=top_k, dim=-1).indices  # (N, K)
-    index = torch.cat([labels.reshape(-1, 1).to(top_index.dtype), top_index], dim=-1)  # (N, 1 + K)
-    picked = logits.gather(-1, index)
+        for start in range(0, n, chunk_size):
+            stop = min(start + chunk_size, n)
+            chunk = detached[start:stop] if rows is None else detached.index_select(0, rows[start:stop])
+            if temperature is not None:
+                chunk = chunk / temperature[start:stop].reshape(-1, 1).clamp(min=1e-8).to(chunk.dtype)
+            top_index[start:stop] = torch.topk(chunk, k=top_k, dim=-1).indices
+            if with_entropy:
+                shifted = chunk.float()
+                shifted = shifted - shifted.amax(dim=-1, keepdim=True)
+                weights = shifted.exp()
+                total = weights.sum(dim=-1)
+                entropy[start:stop] = total.log() - torch.linalg.vecdot(weights, shifted) / total
+    index = torch.cat([labels.reshape(-1, 1).to(torch.long), top_index], dim=-1)  # (N, 1 + K)
+    picked = logits.gather(-1, index) if rows is None else logits[rows.unsqueeze(-1), index]
     if temperature is not None:
         picked = picked / temperature.reshape(-1, 1).clamp(min=1e-8).to(picked.dtype)
     picked = picked.float()
     gaps = picked[:, 1:] - picked[:, :1]
     with torch.no_grad():
         is_top1 = picked[:, 0] >= picked[:, 1]
-    return gaps, is_top1
-
-
-def entropy_from_logits_no_grad(
-    logits: torch.Tensor,
-    temperature: torch.Tensor | None = None,
-    chunk_size: int = 2048,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Token entropy in nats from raw logits, in float32 chunks of ``chunk_size`` rows, without autograd.
-
-    Args:
-        logits: ``(M, V)`` raw logits.
-        temperature: None for temperature 1, else ``(N,)`` (one per returned row); scaled as in
-            :func:`topk_logit_gaps`.
-        chunk_size: rows per chunk (peak extra memory ``chunk_size x V`` float32).
-        rows: optional ``(N,)`` long indices of the rows of ``logits`` to use (gathered chunk by chunk, so the
-            selected logits are never copied at once); default all ``M`` rows.
-
-    Returns:
-        ``(N,)`` float32 entropy, detached.
-    """
-    n = logits.shape[0] if rows is None else rows.shape[0]
-    out = torch.empty(n, dtype=torch.float32, device=logits.device)
-    with torch.no_grad():
-        for start in range(0, n, chunk_size):
-            if rows is None:
-                chunk = logits[start : start + chunk_size].detach()
-            else:
-                chunk = logits.detach().index_select(0, rows[start : start + chunk_size])
-            if temperature is not None:
-                chunk = chunk / temperature[start : start + chunk_size].reshape(-1, 1).clamp(min=1e-8).to(chunk.dtype)
-            chunk = chunk.float()
-            # verl_F.entropy_from_logits' formula: logsumexp(s) - sum softmax(s) * s
-            probs = torch.softmax(chunk, dim=-1)
-            out[start : start + chunk_size] = torch.logsumexp(chunk, dim=-1) - (probs * chunk).sum(dim=-1)
-    return out
+    return gaps, is_top1, entropy
