@@ -281,5 +281,5 @@ def test_batch_calibration_metrics_for_verl_estimators(estimator):
 def test_batch_calibration_metrics_use_capo_reward_threshold():
     data = make_dataproto(seed=4)
     cfg = OmegaConf.create({"adv_estimator": "grpo", "capo": {"reward_threshold": "high"}})
-    with pytest.raises(TypeError, match="algorithm.capo.reward_threshold"):
+    with pytest.raises(ValueError, match="algorithm.capo.reward_threshold"):
         ray_trainer.compute_advantage(data, adv_estimator="grpo", config=cfg)

@@ -155,7 +155,7 @@ def _reward_threshold(config) -> float:
     capo = config.get("capo", None) if config is not None and hasattr(config, "get") else None
     value = capo.get("reward_threshold", 0.5) if capo is not None else 0.5
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"algorithm.capo.reward_threshold must be a number, got {value!r}")
+        raise ValueError(f"algorithm.capo.reward_threshold must be a number, got {value!r}")
     return float(value)
 
 
