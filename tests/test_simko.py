@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from capo_verl.losses.simko import (
+    gather_with_inplace_grad,
     SimKOParams,
     entropy_quantile_threshold,
     parse_simko_config,
@@ -297,3 +298,21 @@ def test_entropy_and_row_selection_match_verl_formula():
     (g_sel,) = torch.autograd.grad(sel_gaps.sum(), logits)
     (g_all,) = torch.autograd.grad(gaps[rows].sum(), logits)
     torch.testing.assert_close(g_sel, g_all, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("use_alias", [True, False])
+def test_gather_with_inplace_grad_equals_a_plain_gather(use_alias):
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(3, 5, 11, generator=g).requires_grad_(True)
+    rows = torch.tensor([0, 4, 7, 7, 14])
+    index = torch.randint(0, 11, (5, 3), generator=g)
+    weights = torch.randn(5, 3, generator=g)
+    alias, picked = gather_with_inplace_grad(logits, rows, index)
+    assert torch.equal(alias, logits)
+    assert torch.equal(picked, logits.detach().reshape(-1, 11)[rows.unsqueeze(-1), index])
+    loss = (picked * weights).sum() + (torch.log_softmax(alias, -1)[..., 2].sum() if use_alias else 0.0)
+    (ours,) = torch.autograd.grad(loss, logits)
+    plain = (logits.reshape(-1, 11)[rows.unsqueeze(-1), index] * weights).sum()
+    plain = plain + (torch.log_softmax(logits, -1)[..., 2].sum() if use_alias else 0.0)
+    (expected,) = torch.autograd.grad(plain, logits)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)

@@ -13,13 +13,16 @@ and the token entropy (detached). verl 0.9.1 hands a registered policy loss only
    ``loss_mode=simko``, it adds three nested ``(bsz, j1, ...)`` tensors to the model output, aligned with
    ``log_probs`` (same packing, same temperature): ``simko_topk_gaps`` ``(.., K)`` = s_k - s_t (scaled logits of
    the top-K tokens minus the sampled token's, float32, with gradient; ``log_probs + gaps`` are the top-K log-probs,
-   so the logsumexp verl already computed is reused: one ``topk`` and one gather of K + 1 logits per token),
+   so the logsumexp verl already computed is reused: one ``topk`` and one gather of K + 1 logits per token; verl
+   then computes on an alias of the logits whose gradient receives the gathered entries' in place, so no second
+   logits-sized gradient buffer is allocated),
    ``simko_is_top1`` (float 0/1) and ``simko_entropy`` (verl's own entropy, detached, when
    ``actor.calculate_entropy`` or ``entropy_coeff`` turned it on; otherwise computed here without autograd in
    float32 chunks, with one ``exp`` pass). All of it only at the positions that predict a response token (zeros
-   elsewhere; prompt positions never reach the loss). Both of verl's layouts are covered: remove-padding (packed ``(1, total_nnz)`` input, with
-   ``pad_to_length``'s static pad stripped) and padded ``(bsz, max_len)`` input. Every other loss, and every
-   forward without a loss (``compute_log_prob``), returns verl's output unchanged and computes nothing more.
+   elsewhere; prompt positions never reach the loss). Both of verl's layouts are covered: remove-padding (packed
+   ``(1, total_nnz)`` input; ``pad_to_length``'s static pad is a suffix, never used) and padded ``(bsz, max_len)``.
+   Every other loss, and every forward without a loss (``compute_log_prob``), runs verl's method unchanged and
+   nothing more is computed.
 2. **Loss input** (``verl/workers/utils/losses.py``): wraps ``ppo_loss`` so that, for ``loss_mode=simko``, those
    tensors are unpacked to ``(bsz, response_length, ...)`` with verl's ``no_padding_2_padding`` (as ``log_probs``)
    and handed to the registered loss through a context variable; the loss's public signature is unchanged.
@@ -52,10 +55,12 @@ import torch
 from capo_verl.losses.simko import (
     CONFIG_KEY,
     SOURCE,
+    gaps_from_picked,
+    gather_with_inplace_grad,
     parse_simko_config,
     simko_diagnostics,
     simko_terms,
-    topk_logit_gaps,
+    topk_and_entropy,
 )
 
 from . import after_import, check_signature
@@ -218,16 +223,16 @@ def _runtime_error(what: str) -> RuntimeError:
     return RuntimeError(f"actor_rollout_ref.actor.policy_loss.loss_mode=simko: {what}. {_COVERED}.")
 
 
-def _simko_model_outputs(engine, output, output_args, micro_batch, model_output, top_k: int) -> dict:
-    """The three nested SimKO tensors for one micro-batch (see the module docstring)."""
+def _simko_model_outputs(engine, original, output, output_args, micro_batch, loss_function, top_k: int) -> dict:
+    """verl's model output plus the three nested SimKO tensors for one micro-batch (see the module docstring)."""
     from torch.distributed.tensor import DTensor
     from verl.utils import tensordict_utils as tu
 
     get = functools.partial(tu.get_non_tensor_data, data=micro_batch)
     if get(key="use_fused_kernels", default=False):
         raise _runtime_error("fused kernels (actor_rollout_ref.model.use_fused_kernels=true) give no logits")
-    if get(key="distillation_only", default=False) or "log_probs" not in model_output:
-        raise _runtime_error("the engine computed no log_probs (distillation-only forward)")
+    if get(key="distillation_only", default=False):
+        raise _runtime_error("a distillation-only forward computes no log_probs")
     if getattr(engine, "use_ulysses_sp", False):
         raise _runtime_error("Ulysses sequence parallelism is not covered")
     logits = output.logits
@@ -239,29 +244,35 @@ def _simko_model_outputs(engine, output, output_args, micro_batch, model_output,
     unit_temperature = output_args.get("temperature_is_one", False)
     engine_config = getattr(engine, "engine_config", None)
     chunk = int(getattr(engine_config, "entropy_from_logits_chunk_size", 2048) or 2048)
-    reuse_entropy = "entropy" in model_output  # verl computed it (calculate_entropy / entropy_coeff): reuse it
+    reuse_entropy = bool(get(key="calculate_entropy", default=False))  # verl computes it: reuse, detached
     # Only the positions that predict a response token reach the loss: compute there, zeros elsewhere.
     used = _response_positions(micro_batch, cu_seqlens)  # (n,) indices into the packed (total,) sequence
+    labels = output_args["input_ids_rmpad_rolled"][used].to(torch.long)
+    vocab = logits.shape[-1]
 
     if get(key="use_remove_padding", default=True):
-        logits = logits.squeeze(0)  # (total + static pad, V): the pad is a suffix (no SP), never selected
-        labels = output_args["input_ids_rmpad_rolled"][used]
-        temperature = None if unit_temperature else output_args["temperature_rmpad"][used]
+        # (1, total + static pad, V): the pad is a suffix (no SP) and never selected
         rows = used
+        temperature = None if unit_temperature else output_args["temperature_rmpad"][used]
     else:
-        bsz, seq_len, vocab = logits.shape
+        bsz, seq_len, _ = logits.shape
         lengths = cu_seqlens.diff()
         valid = torch.arange(seq_len, device=logits.device).unsqueeze(0) < lengths.unsqueeze(1)  # (bsz, S)
-        packed_to_padded = valid.reshape(-1).nonzero().squeeze(-1)  # packed order = row-major valid positions
-        rows = packed_to_padded[used]
-        logits = logits.reshape(bsz * seq_len, vocab)  # a view
-        labels = output_args["input_ids_rmpad_rolled"][used]
+        rows = valid.reshape(-1).nonzero().squeeze(-1)[used]  # packed order = row-major valid positions
         temperature = None
         if not unit_temperature:
             temperature = output_args["temperature"].to(torch.float32).repeat_interleave(lengths)[used]
-    gaps, is_top1, entropy = topk_logit_gaps(
-        logits, labels, top_k, temperature, rows=rows, with_entropy=not reuse_entropy, chunk_size=chunk
+
+    top_index, entropy = topk_and_entropy(
+        logits.reshape(-1, vocab), top_k, temperature, rows=rows, with_entropy=not reuse_entropy, chunk_size=chunk
     )
+    index = torch.cat([labels.unsqueeze(-1), top_index], dim=-1)  # (n, 1 + K)
+    # verl computes on the alias; the gathered entries' gradient is added into its gradient in place
+    output.logits, picked = gather_with_inplace_grad(logits, rows, index)
+    model_output = original(engine, output, output_args, micro_batch, loss_function)
+    if "log_probs" not in model_output:
+        raise _runtime_error("the engine computed no log_probs")
+    gaps, is_top1 = gaps_from_picked(picked, temperature)
     if reuse_entropy:
         entropy = model_output["entropy"].values().detach().float()[used]
 
@@ -269,11 +280,12 @@ def _simko_model_outputs(engine, output, output_args, micro_batch, model_output,
         full = values.new_zeros((total, *values.shape[1:]))
         return torch.nested.nested_tensor_from_jagged(full.index_put((used,), values), offsets=cu_seqlens)
 
-    return {
+    model_output.update({
         GAPS_KEY: packed(gaps),
         TOP1_KEY: packed(is_top1.to(torch.float32)),
         ENTROPY_KEY: packed(entropy),
-    }
+    })
+    return model_output
 
 
 def _response_positions(micro_batch, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -317,13 +329,11 @@ def _patch_engine(impl) -> None:
 
     @functools.wraps(original)
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
-        model_output = original(self, output, output_args, micro_batch, logits_processor_func)
         actor_config = _simko_config_of_loss_function(logits_processor_func)
-        if actor_config is None:  # every other loss, and forwards without a loss: verl's output as it is
-            return model_output
+        if actor_config is None:  # every other loss, and forwards without a loss: verl's method as it is
+            return original(self, output, output_args, micro_batch, logits_processor_func)
         top_k = simko_params_of(actor_config).top_k
-        model_output.update(_simko_model_outputs(self, output, output_args, micro_batch, model_output, top_k))
-        return model_output
+        return _simko_model_outputs(self, original, output, output_args, micro_batch, logits_processor_func, top_k)
 
     prepare_model_outputs.__capo_verl_simko__ = True
     cls.prepare_model_outputs = prepare_model_outputs

@@ -271,39 +271,30 @@ def simko_diagnostics(
     return {f"simko/{name}": value for name, value in zip(names, values, strict=True)}
 
 
-def topk_logit_gaps(
+def topk_and_entropy(
     logits: torch.Tensor,
-    labels: torch.Tensor,
     top_k: int,
     temperature: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
     with_entropy: bool = False,
     chunk_size: int = 2048,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gaps ``s_k - s_t`` between the top-K logits and the sampled token's logit, the top-1 mask, and the entropy.
-
-    With the log-prob of the sampled token ``log p_t = s_t - logsumexp(s)`` that the actor computes anyway, the
-    top-K log-probs are ``log p_k = log p_t + (s_k - s_t)``: the logsumexp is reused and the top-K log-probs cost
-    one ``topk`` over the vocabulary (on detached logits) and one gather of K + 1 logits per token, never K copies
-    of the logits (the authors expand the logits K times, ``dp_actor.py`` lines 209-222). The vocabulary-wide
-    passes (``topk``, and the entropy when asked for) run without autograd over chunks of ``chunk_size`` rows.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The top-K token indices of the (scaled) logits and, optionally, the entropy; no autograd, chunked.
 
     Args:
-        logits: ``(M, V)`` raw logits (any float dtype), with gradient.
-        labels: ``(N,)`` long, the sampled token at each used row.
+        logits: ``(M, V)`` raw logits (any float dtype).
         top_k: K >= 1.
-        temperature: None for temperature 1, else ``(N,)`` float; logits are divided by ``temperature.clamp(min=1e-8)``
-            cast to the logits' dtype, as verl 0.9.1 scales them
+        temperature: None for temperature 1, else ``(N,)`` float, one per used row; logits are divided by
+            ``temperature.clamp(min=1e-8)`` cast to the logits' dtype, as verl 0.9.1 scales them
             (``verl/workers/engine/fsdp/transformer_impl.py::_scale_logits_by_temperature``).
-        rows: optional ``(N,)`` long, the rows of ``logits`` to use (default: all ``M`` rows, ``N = M``); the
-            selected logits are never copied at once.
-        with_entropy: also return the token entropy (nats, float32, no autograd) of the scaled logits, computed as
+        rows: optional ``(N,)`` long, the rows of ``logits`` to use (default all ``M``); the selected logits are
+            never copied at once.
+        with_entropy: also return the entropy (nats, float32) of the scaled logits, computed as
             ``log Z - sum_v e_v (s_v - max s) / Z`` with ``e = exp(s - max s)``, ``Z = sum e`` (one ``exp`` pass).
         chunk_size: rows per chunk (peak extra memory about ``3 x chunk_size x V`` float32).
 
     Returns:
-        ``gaps`` ``(N, K)`` float32 with gradient (K most likely tokens in descending order), ``is_top1`` ``(N,)``
-        bool (``s_t >= max_v s_v``), and ``entropy`` ``(N,)`` float32 or None.
+        ``top_index`` ``(N, K)`` long (descending) and ``entropy`` ``(N,)`` float32 or None.
     """
     n = logits.shape[0] if rows is None else rows.shape[0]
     detached = logits.detach()
@@ -322,12 +313,91 @@ def topk_logit_gaps(
                 weights = shifted.exp()
                 total = weights.sum(dim=-1)
                 entropy[start:stop] = total.log() - torch.linalg.vecdot(weights, shifted) / total
-    index = torch.cat([labels.reshape(-1, 1).to(torch.long), top_index], dim=-1)  # (N, 1 + K)
-    picked = logits.gather(-1, index) if rows is None else logits[rows.unsqueeze(-1), index]
+    return top_index, entropy
+
+
+class _GatherWithInplaceGrad(torch.autograd.Function):
+    """``(alias, picked)`` with ``alias`` a view of ``logits`` and ``picked = logits2d[rows, index]``.
+
+    Backward adds the gradient of ``picked`` into the gradient of ``alias`` in place, so the few gathered entries
+    cost no second ``(M, V)`` gradient buffer (a plain gather's backward allocates one and adds it).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, rows, index):
+        ctx.save_for_backward(rows, index)
+        ctx.logits_shape = logits.shape
+        flat = logits.detach().reshape(-1, logits.shape[-1])
+        return logits.view_as(logits), flat[rows.unsqueeze(-1), index]
+
+    @staticmethod
+    def backward(ctx, grad_alias, grad_picked):
+        rows, index = ctx.saved_tensors
+        if grad_alias is None:
+            grad_alias = grad_picked.new_zeros(ctx.logits_shape)
+        elif not grad_alias.is_contiguous():
+            grad_alias = grad_alias.contiguous()
+        if grad_picked is not None:
+            flat = grad_alias.view(-1, ctx.logits_shape[-1])
+            flat.index_put_((rows.unsqueeze(-1).expand_as(index), index), grad_picked.to(flat.dtype), accumulate=True)
+        return grad_alias, None, None
+
+
+def gather_with_inplace_grad(
+    logits: torch.Tensor, rows: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather ``logits.reshape(-1, V)[rows, index]`` and return it with an alias of ``logits`` to compute on.
+
+    Everything downstream that should see ``logits`` must use the returned alias: its gradient then receives the
+    gathered entries' gradient in place (no extra ``(M, V)`` buffer).
+
+    Args:
+        logits: ``(..., V)`` with gradient.
+        rows: ``(N,)`` long, rows of ``logits.reshape(-1, V)``.
+        index: ``(N, J)`` long, vocabulary indices per row.
+
+    Returns:
+        ``alias`` (same shape as ``logits``) and ``picked`` ``(N, J)`` in ``logits``' dtype, with gradient.
+    """
+    return _GatherWithInplaceGrad.apply(logits, rows, index)
+
+
+def gaps_from_picked(
+    picked: torch.Tensor, temperature: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gaps, is_top1)`` from ``picked`` ``(N, 1 + K)`` = raw logits of [sampled token, top-1, ..., top-K].
+
+    ``gaps`` ``(N, K)`` float32 = s_k - s_t of the scaled logits (with gradient); ``is_top1`` ``(N,)`` bool =
+    ``s_t >= s_top1``. With the sampled token's log-prob ``log p_t = s_t - logsumexp(s)`` that the actor computes
+    anyway, ``log p_t + gaps`` are the top-K log-probs: the logsumexp is reused, and the logits are never copied
+    K times (the authors expand them K times, ``dp_actor.py`` lines 209-222).
+    """
     if temperature is not None:
         picked = picked / temperature.reshape(-1, 1).clamp(min=1e-8).to(picked.dtype)
     picked = picked.float()
-    gaps = picked[:, 1:] - picked[:, :1]
     with torch.no_grad():
         is_top1 = picked[:, 0] >= picked[:, 1]
+    return picked[:, 1:] - picked[:, :1], is_top1
+
+
+def topk_logit_gaps(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    top_k: int,
+    temperature: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    with_entropy: bool = False,
+    chunk_size: int = 2048,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`topk_and_entropy`, then a plain gather of [label, top-K] and :func:`gaps_from_picked`.
+
+    Args: as :func:`topk_and_entropy`, plus ``labels`` ``(N,)`` long (the sampled token of each used row).
+
+    Returns:
+        ``gaps`` ``(N, K)`` float32 with gradient, ``is_top1`` ``(N,)`` bool, ``entropy`` ``(N,)`` float32 or None.
+    """
+    top_index, entropy = topk_and_entropy(logits, top_k, temperature, rows, with_entropy, chunk_size)
+    index = torch.cat([labels.reshape(-1, 1).to(torch.long), top_index], dim=-1)  # (N, 1 + K)
+    picked = logits.gather(-1, index) if rows is None else logits[rows.unsqueeze(-1), index]
+    gaps, is_top1 = gaps_from_picked(picked, temperature)
     return gaps, is_top1, entropy
