@@ -195,7 +195,7 @@ def check_simko_setup(config) -> None:
 
 
 def _patch_validate_config(config_utils) -> None:
-    """verl/utils/config.py: ``validate_config`` (run by main_ppo's TaskRunner) also runs :func:`check_simko_setup`."""
+    """verl/utils/config.py: ``validate_config`` (run by main_ppo before Ray starts) runs :func:`check_simko_setup`."""
     original = config_utils.validate_config
     check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
 
