@@ -13,7 +13,7 @@ import torch
 
 import capo_verl.plugin  # noqa: F401  (the plugin, as verl loads it)
 from capo_verl.models import tiny_model_checkpoint
-from capo_verl.rollout.sampling import SamplingSpec, _apply_repetition_penalty, generate_batch
+from capo_verl.rollout.sampling import SamplingSpec, _apply_repetition_penalty, _inverse_cdf, generate_batch
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,39 @@ def test_sampling_differs_across_draws_and_is_reproducible(model_and_tokenizer):
     first, again = run(0), run(0)
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
     assert len({tuple(o.token_ids) for o in first}) > 1  # 4 samples of one prompt in one batch differ
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_never_a_zero_probability_token():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    # u on a fine grid: the fraction of u that lands on each token is its probability
+    u = (torch.arange(100_000, dtype=torch.float64) + 0.5) / 100_000
+    draws = _inverse_cdf(probs.expand(len(u), -1), u)
+    freq = torch.bincount(draws, minlength=6).double() / len(u)
+    assert torch.allclose(freq, probs.double(), atol=1e-4)
+    # the edges: u = 0 takes the first token with mass, u -> 1 and a total rounded below 1 the last one
+    edge = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.3, 0.0, 0.3, 0.0]])
+    assert _inverse_cdf(edge, torch.tensor([0.0, 1.0 - 2**-53, 1.0 - 2**-53], dtype=torch.float64)).tolist() == [1, 3, 3]
+
+
+def test_per_row_seeds_make_a_response_independent_of_its_batch(model_and_tokenizer):
+    """With seeds, row i's response depends on seeds[i] and its prompt only: alone, in another batch, in another
+    order, it is the same; different seeds of one prompt give different responses."""
+    model, tok = model_and_tokenizer
+    prompts = _prompts(tok)
+    spec = SamplingSpec(max_tokens=12, temperature=1.0)
+    kw = dict(eos_token_ids=[], pad_token_id=0)
+    seeds = [101, 202, 303, 404]
+    together = generate_batch(model, prompts, [spec] * 4, seeds=seeds, **kw)
+    reversed_ = generate_batch(model, prompts[::-1], [spec] * 4, seeds=seeds[::-1], **kw)[::-1]
+    for i, prompt in enumerate(prompts):
+        alone = generate_batch(model, [prompt], [spec], seeds=[seeds[i]], **kw)[0]
+        assert together[i].token_ids == alone.token_ids == reversed_[i].token_ids
+    same_prompt = generate_batch(model, [prompts[0]] * 4, [spec] * 4, seeds=[1, 2, 3, 4], **kw)
+    assert len({tuple(o.token_ids) for o in same_prompt}) > 1
+    with pytest.raises(ValueError, match="not both"):
+        generate_batch(model, prompts, [spec] * 4, seeds=seeds, generator=torch.Generator(), **kw)
+    with pytest.raises(ValueError, match="seeds"):
+        generate_batch(model, prompts, [spec] * 4, seeds=seeds[:2], **kw)
 
 
 def test_per_request_max_tokens_and_stop_tokens_in_one_batch(model_and_tokenizer):
@@ -355,3 +388,37 @@ def test_server_control_methods_are_harmless_on_cpu(tiny_path, model_and_tokeniz
     assert before.token_ids == after.token_ids
     assert torch.allclose(torch.tensor(before.log_probs), torch.tensor(after.log_probs), atol=1e-6)
     assert after.extra_fields["global_steps"] == 1
+
+
+def test_server_draws_common_random_numbers_whatever_the_batching(tiny_path, model_and_tokenizer):
+    """Two servers (two runs) with the same weights and step answer the same multiset of requests with the same
+    samples, whether the requests come as one batch or one by one; the n requests of one prompt differ; another
+    trainer step or rollout.seed draws anew."""
+    _, tok = model_and_tokenizer
+    _, state = _actor_state(tiny_path, seed=7)
+    prompts = _prompts(tok)
+    params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=True)
+
+    async def run(server, together, step=5):
+        await server.update_weights(state, global_steps=step)
+        requests = [(p, f"r{i}") for i, p in enumerate(prompts * 3)]
+        if together:
+            outs = await asyncio.gather(*[server.generate(prompt_ids=p, sampling_params=dict(params), request_id=r)
+                                          for p, r in requests])
+        else:
+            outs = [await server.generate(prompt_ids=p, sampling_params=dict(params), request_id=r)
+                    for p, r in requests]
+        return outs, (await server.get_stats())["batches"]
+
+    batched, n_batched = asyncio.run(run(_server(tiny_path), together=True))
+    serial, n_serial = asyncio.run(run(_server(tiny_path), together=False))
+    assert (n_batched, n_serial) == (1, 12)
+    assert [o.token_ids for o in batched] == [o.token_ids for o in serial]
+    for a, b in zip(batched, serial):
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+    per_prompt = [{tuple(batched[j].token_ids) for j in range(i, 12, 4)} for i in range(4)]
+    assert all(len(samples) > 1 for samples in per_prompt)  # 3 samples of a prompt are not copies
+    other_step, _ = asyncio.run(run(_server(tiny_path), together=True, step=6))
+    other_seed, _ = asyncio.run(run(_server(tiny_path, seed=43), together=True))
+    for other in (other_step, other_seed):
+        assert [o.token_ids for o in other] != [o.token_ids for o in batched]

@@ -18,6 +18,11 @@ Log-probabilities (what vLLM calls ``logprobs_mode``; verl's default is ``proces
 Sampling follows vLLM's order: repetition penalty, temperature, top-k, top-p, then a draw from the remaining
 distribution (greedy rows: argmax of the penalised logits). Left padding is used for the prompts, with explicit
 ``position_ids`` so padded rows decode exactly like unpadded ones.
+
+The draw is by inverse CDF: row i at response position t takes the first token whose cumulative probability
+(float64) exceeds ``u[i, t]``, one uniform per row and position. With ``seeds`` every row draws its uniforms from a
+generator of its own, so a row's response depends on its seed and its own logits only, not on which other requests
+share its batch or in which order they came (up to float rounding of the batched forward pass).
 """
 
 from __future__ import annotations
@@ -89,15 +94,29 @@ def _apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty:
     return torch.where(seen, penalised, logits)
 
 
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row from ``probs`` (B, V) (rows sum to 1, zeros allowed) with uniforms ``u`` (B,) in [0, 1).
+
+    Returns (B,) int64: the first index whose cumulative probability (float64) exceeds ``u`` times the row's total,
+    so a zero-probability token is never drawn, also for ``u = 0`` or a total rounded below 1.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.to(cdf) * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+    return torch.minimum(index, last_positive)
+
+
 def _sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     greedy: torch.Tensor,
-    generator: torch.Generator | None,
+    u: torch.Tensor,
 ) -> torch.Tensor:
-    """Draw one token per row. ``logits`` (B, V) float32; per-row (B,) parameters -> (B,) int64 token ids."""
+    """Draw one token per row. ``logits`` (B, V) float32; per-row (B,) parameters and uniforms ``u`` (B,) float64
+    -> (B,) int64 token ids."""
     batch, vocab = logits.shape
     next_tokens = logits.argmax(dim=-1)
     if bool(greedy.all()):
@@ -118,11 +137,10 @@ def _sample(
         drop_p = (mass_before >= top_p[:, None]) & use_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop_p, float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
-        choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        choice = _inverse_cdf(probs, u)
         sampled = sorted_idx.gather(-1, choice[:, None]).squeeze(-1)
     else:
-        probs = scaled.softmax(dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        sampled = _inverse_cdf(scaled.softmax(dim=-1), u)
     return torch.where(greedy, next_tokens, sampled)
 
 
@@ -137,6 +155,7 @@ def generate_batch(
     want_log_probs: Sequence[bool] | bool = True,
     logprobs_mode: str = "processed_logprobs",
     generator: torch.Generator | None = None,
+    seeds: Sequence[int] | None = None,
     should_abort: Callable[[], bool] | None = None,
 ) -> list[SampleOutput]:
     """Decode ``prompts`` together with one KV cache; one forward pass per generated position.
@@ -150,7 +169,9 @@ def generate_batch(
         pad_token_id: id fed for padding and for rows that have finished.
         want_log_probs: per row (or for all rows) whether to return log-probs.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (module docstring).
-        generator: RNG for the draws (on the model's device), for reproducible sampling.
+        generator: CPU RNG for the draws of the whole batch, for reproducible sampling (not with ``seeds``).
+        seeds: B integer seeds, one per row: row i's draws come from a generator seeded with ``seeds[i]``
+            (module docstring), so its response does not depend on the rest of the batch.
         should_abort: polled before every step; when it returns True decoding stops and every unfinished row
             is returned with ``finish_reason="abort"`` and the tokens it has so far.
 
@@ -158,7 +179,8 @@ def generate_batch(
         B :class:`SampleOutput`, in the order of ``prompts``.
 
     Raises:
-        ValueError: empty prompt, ``len(specs) != len(prompts)``, unknown ``logprobs_mode``.
+        ValueError: empty prompt, ``len(specs) != len(prompts)`` or ``len(seeds) != len(prompts)``, both
+            ``generator`` and ``seeds`` given, unknown ``logprobs_mode``.
     """
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(
@@ -174,6 +196,10 @@ def generate_batch(
         raise ValueError("every prompt needs at least one token")
     if isinstance(want_log_probs, bool):
         want_log_probs = [want_log_probs] * batch
+    if seeds is not None and generator is not None:
+        raise ValueError("give either one generator for the batch or one seed per row, not both")
+    if seeds is not None and len(seeds) != batch:
+        raise ValueError(f"got {batch} prompts but {len(seeds)} seeds")
 
     device = next(model.parameters()).device
     lengths = [len(p) for p in prompts]
@@ -196,6 +222,16 @@ def generate_batch(
     if logprobs_mode == "raw_logprobs":
         lp_temperature = torch.ones_like(temperature)
     max_tokens = torch.tensor([s.max_tokens for s in specs], dtype=torch.long, device=device)
+    # (B, max_tokens) uniforms of the draws, made up front on the CPU (float64)
+    horizon = int(max_tokens.max())
+    if seeds is not None:
+        uniforms = torch.stack([
+            torch.rand(horizon, dtype=torch.float64, generator=torch.Generator().manual_seed(int(seed)))
+            for seed in seeds
+        ])
+    else:
+        uniforms = torch.rand((batch, horizon), dtype=torch.float64, generator=generator)
+    uniforms = uniforms.to(device)
 
     vocab = None
     seen = None
@@ -206,7 +242,7 @@ def generate_batch(
     finished = [False] * batch
     past = None
     step_ids, step_mask, step_pos = input_ids, attention_mask, position_ids
-    for step in range(int(max_tokens.max())):
+    for step in range(horizon):
         if should_abort is not None and should_abort():
             for i in range(batch):
                 if not finished[i]:
@@ -229,7 +265,7 @@ def generate_batch(
                 for i, p in enumerate(prompts):
                     seen[i, torch.as_tensor([t for t in p if t < vocab], dtype=torch.long, device=device)] = True
         logits = _apply_repetition_penalty(raw, seen, penalty) if use_penalty else raw
-        tokens = _sample(logits, temperature, top_k, top_p, greedy, generator)
+        tokens = _sample(logits, temperature, top_k, top_p, greedy, uniforms[:, step])
         lp_source = raw if logprobs_mode == "raw_logprobs" else logits
         token_lp = (lp_source / lp_temperature[:, None]).log_softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 

@@ -8,6 +8,12 @@ batch (:func:`capo_verl.rollout.sampling.generate_batch`, up to ``rollout.max_nu
 thread so that requests keep arriving meanwhile; requests that arrive during a batch form the next one. A fixed
 20 ms window used to split a step's 16 requests into batches of ~7 and ~9, decoded one after the other.
 
+Sampling seeds: every request gets a seed of its own, derived from ``rollout.seed``, the replica's rank, the
+trainer step of the current weights, the prompt's token ids and how many requests with the same prompt came before
+it at that step (:meth:`HFRolloutServer._request_seed`). A response then depends on those alone, not on how requests
+were batched: two runs that validate the same model on the same prompts draw the same samples (up to float
+rounding of the batched forward pass), so methods compared from a common start are compared on common random numbers.
+
 Weights: in hybrid mode the trainer's worker of rank 0 of the replica pushes the actor's full HF-named tensors
 after every update (:class:`capo_verl.rollout.adapter.HFServerAdapter`, ``update_weights`` here). The model is
 created with random weights when ``rollout.load_format`` contains ``dummy`` (verl's default: the first weight
@@ -23,6 +29,7 @@ profiling is not supported (``start_profile`` raises when the rollout profiler i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -63,6 +70,7 @@ class _Request:
     prompt_ids: list[int]
     spec: SamplingSpec
     want_log_probs: bool
+    seed: int
     future: asyncio.Future = field(repr=False, default=None)
 
 
@@ -154,7 +162,9 @@ class HFRolloutServer:
             )
         self.max_batch = max(1, int(config.max_num_seqs))
 
-        self._generator = torch.Generator(device=self.device).manual_seed(int(config.seed) + int(replica_rank))
+        self._seed_base = f"{int(config.seed)}|{int(replica_rank)}"
+        self._seed_step: Optional[int] = None  # trainer step that _prompt_counts belongs to
+        self._prompt_counts: dict[bytes, int] = {}
         self._pending: list[_Request] = []
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
@@ -283,6 +293,17 @@ class HFRolloutServer:
         )
         return spec, bool(params.get("logprobs", False))
 
+    def _request_seed(self, prompt_ids: list[int]) -> int:
+        """The sampling seed of a new request: a 63-bit hash of (``rollout.seed``, replica rank, trainer step of
+        the weights, prompt token ids, number of earlier requests with this prompt at this step)."""
+        if self.global_steps != self._seed_step:
+            self._seed_step, self._prompt_counts = self.global_steps, {}
+        prompt_key = hashlib.sha256(",".join(map(str, prompt_ids)).encode()).digest()
+        occurrence = self._prompt_counts.get(prompt_key, 0)
+        self._prompt_counts[prompt_key] = occurrence + 1
+        text = f"{self._seed_base}|{self.global_steps}|{prompt_key.hex()}|{occurrence}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -330,7 +351,8 @@ class HFRolloutServer:
                 extra = {"global_steps": self.global_steps}
                 return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=extra)
             await self._resume.wait()
-        request = _Request(request_id, prompt_ids, spec, want_lp, asyncio.get_running_loop().create_future())
+        seed = self._request_seed(prompt_ids)
+        request = _Request(request_id, prompt_ids, spec, want_lp, seed, asyncio.get_running_loop().create_future())
         self._pending.append(request)
         self._wakeup.set()
         out: SampleOutput = await request.future
@@ -403,7 +425,7 @@ class HFRolloutServer:
             pad_token_id=self.pad_token_id,
             want_log_probs=[r.want_log_probs for r in batch],
             logprobs_mode=self.config.logprobs_mode,
-            generator=self._generator,
+            seeds=[r.seed for r in batch],
             should_abort=lambda: self._abort,
         )
 
