@@ -131,6 +131,18 @@ def test_per_row_seeds_make_a_response_independent_of_its_batch(model_and_tokeni
     for i, prompt in enumerate(prompts):
         alone = generate_batch(model, [prompt], [spec], seeds=[seeds[i]], **kw)[0]
         assert together[i].token_ids == alone.token_ids == reversed_[i].token_ids
+    # rows that stop early leave the batch (and the KV cache): the others go on exactly as alone
+    lengths = [SamplingSpec(max_tokens=m, temperature=1.0) for m in (2, 12, 5, 9)]
+    staggered = generate_batch(model, prompts, lengths, seeds=seeds, **kw)
+    assert [len(o.token_ids) for o in staggered] == [2, 12, 5, 9]
+    for i, prompt in enumerate(prompts):
+        alone = generate_batch(model, [prompt], [lengths[i]], seeds=[seeds[i]], **kw)[0]
+        assert staggered[i].token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(staggered[i].log_probs), torch.tensor(alone.log_probs), atol=1e-5)
+    penalised = [SamplingSpec(max_tokens=m, temperature=1.0, repetition_penalty=1.3) for m in (2, 12, 5, 9)]
+    staggered = generate_batch(model, prompts, penalised, seeds=seeds, **kw)
+    for i, prompt in enumerate(prompts):
+        assert staggered[i].token_ids == generate_batch(model, [prompt], [penalised[i]], seeds=[seeds[i]], **kw)[0].token_ids
     same_prompt = generate_batch(model, [prompts[0]] * 4, [spec] * 4, seeds=[1, 2, 3, 4], **kw)
     assert len({tuple(o.token_ids) for o in same_prompt}) > 1
     with pytest.raises(ValueError, match="not both"):

@@ -2,7 +2,8 @@
 
 One call of :func:`generate_batch` decodes a batch of prompts of different lengths, each with its own sampling
 parameters (temperature, top-k, top-p, repetition penalty, max tokens, stop tokens), with one KV cache and one
-forward pass per generated position for the whole batch. It returns the response tokens and, per token, the
+forward pass per generated position; a row that has stopped leaves the batch and the cache, so the remaining rows
+decode without it (responses of very different lengths cost the tokens they have, not batch x longest). It returns the response tokens and, per token, the
 log-probability the rollout reports to verl (``rollout_log_probs``).
 
 Log-probabilities (what vLLM calls ``logprobs_mode``; verl's default is ``processed_logprobs``):
@@ -158,7 +159,8 @@ def generate_batch(
     seeds: Sequence[int] | None = None,
     should_abort: Callable[[], bool] | None = None,
 ) -> list[SampleOutput]:
-    """Decode ``prompts`` together with one KV cache; one forward pass per generated position.
+    """Decode ``prompts`` together with one KV cache; one forward pass per generated position, over the rows
+    still decoding (a row that stops leaves the batch and the cache).
 
     Args:
         model: a transformers causal LM (``forward(input_ids, attention_mask, position_ids, past_key_values,
@@ -166,7 +168,7 @@ def generate_batch(
         prompts: B token-id lists, each non-empty; lengths may differ (left-padded here).
         specs: B :class:`SamplingSpec`, one per prompt.
         eos_token_ids: ids that end a response unless the request sets ``ignore_eos``.
-        pad_token_id: id fed for padding and for rows that have finished.
+        pad_token_id: id of the prompts' left padding.
         want_log_probs: per row (or for all rows) whether to return log-probs.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (module docstring).
         generator: CPU RNG for the draws of the whole batch, for reproducible sampling (not with ``seeds``).
@@ -239,15 +241,13 @@ def generate_batch(
     stop_sets = [set(s.stop_token_ids) | (set() if s.ignore_eos else eos) for s in specs]
 
     outputs = [SampleOutput() for _ in range(batch)]
-    finished = [False] * batch
+    active = list(range(batch))  # original index of each row still decoding; finished rows leave the batch
     past = None
     step_ids, step_mask, step_pos = input_ids, attention_mask, position_ids
     for step in range(horizon):
         if should_abort is not None and should_abort():
-            for i in range(batch):
-                if not finished[i]:
-                    outputs[i].finish_reason = "abort"
-                    finished[i] = True
+            for i in active:
+                outputs[i].finish_reason = "abort"
             break
         out = model(
             input_ids=step_ids,
@@ -266,32 +266,34 @@ def generate_batch(
                     seen[i, torch.as_tensor([t for t in p if t < vocab], dtype=torch.long, device=device)] = True
         logits = _apply_repetition_penalty(raw, seen, penalty) if use_penalty else raw
         tokens = _sample(logits, temperature, top_k, top_p, greedy, uniforms[:, step])
-        lp_source = raw if logprobs_mode == "raw_logprobs" else logits
-        token_lp = (lp_source / lp_temperature[:, None]).log_softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        lp_source = (raw if logprobs_mode == "raw_logprobs" else logits) / lp_temperature[:, None]
+        token_lp = lp_source.gather(-1, tokens[:, None]).squeeze(-1) - lp_source.logsumexp(dim=-1)
 
-        tokens_list = tokens.tolist()
-        lp_list = token_lp.tolist()
-        for i in range(batch):
-            if finished[i]:
-                continue
-            tok = tokens_list[i]
+        keep = []
+        for j, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), token_lp.tolist())):
             outputs[i].token_ids.append(tok)
             if want_log_probs[i]:
-                outputs[i].log_probs.append(lp_list[i])
+                outputs[i].log_probs.append(lp)
             if tok in stop_sets[i]:
                 outputs[i].finish_reason = "stop"
-                finished[i] = True
             elif len(outputs[i].token_ids) >= specs[i].max_tokens:
                 outputs[i].finish_reason = "length"
-                finished[i] = True
-        if all(finished):
+            else:
+                keep.append(j)
+        if not keep:
             break
         if use_penalty:
-            seen[torch.arange(batch, device=device), tokens.clamp(max=vocab - 1)] = True
-        feed = torch.tensor(
-            [pad_token_id if finished[i] else tokens_list[i] for i in range(batch)], dtype=torch.long, device=device
-        )
-        step_ids = feed[:, None]
-        step_mask = torch.cat([step_mask, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=-1)
+            seen[torch.arange(len(active), device=device), tokens.clamp(max=vocab - 1)] = True
+        if len(keep) < len(active):  # drop the finished rows from the batch and the KV cache
+            rows = torch.tensor(keep, dtype=torch.long, device=device)
+            past.reorder_cache(rows)
+            active = [active[j] for j in keep]
+            tokens, step_mask, step_pos, uniforms = tokens[rows], step_mask[rows], step_pos[rows], uniforms[rows]
+            temperature, greedy, top_k, top_p = temperature[rows], greedy[rows], top_k[rows], top_p[rows]
+            penalty, lp_temperature = penalty[rows], lp_temperature[rows]
+            if use_penalty:
+                seen = seen[rows]
+        step_ids = tokens[:, None]
+        step_mask = torch.cat([step_mask, torch.ones((len(active), 1), dtype=torch.long, device=device)], dim=-1)
         step_pos = step_pos[:, -1:] + 1
     return outputs

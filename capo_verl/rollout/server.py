@@ -409,11 +409,14 @@ class HFRolloutServer:
             outs = self._decode(batch)
         finally:
             self.batch_running = False
+        seconds, tokens = time.time() - t0, sum(len(o.token_ids) for o in outs)
         self.stats["batches"] += 1
         self.stats["sequences"] += len(batch)
-        self.stats["tokens"] += sum(len(o.token_ids) for o in outs)
-        self.stats["generate_s"] += time.time() - t0
+        self.stats["tokens"] += tokens
+        self.stats["generate_s"] += seconds
         self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
+        logger.info("hf rollout: %d sequences, %d tokens in %.2f s (%.1f tokens/s)", len(batch), tokens, seconds,
+                    tokens / max(seconds, 1e-9))
         return outs
 
     def _decode(self, batch: list[_Request]) -> list[SampleOutput]:
