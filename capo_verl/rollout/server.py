@@ -126,7 +126,8 @@ class HFRolloutServer:
         if config.full_determinism:
             raise ValueError(
                 "actor_rollout_ref.rollout.full_determinism=True is not supported by the hf rollout "
-                "(batch composition changes the draws); set it to False"
+                "(requests are seeded, but the batched forward pass rounds differently in different batches); "
+                "set it to False"
             )
         if config.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
