@@ -1,0 +1,107 @@
+"""How much of a validation AUC-mean is sampling noise: two validation passes of the same model, batched differently.
+
+`capo-verl compare` starts every method from the same model, so the step-0 validation passes of all methods measure
+the same thing; any difference between them is sampling noise of the validation itself. This script runs verl's
+trainer twice in validation-only mode (``trainer.val_only=true``) on the compare setting (SmolLM2-135M-Instruct,
+the 64 validation problems x 8 samples at temperature 1.0 of ``configs/compare_smollm2_135m_cpu.yaml``), once with
+``rollout.max_num_seqs=512`` (a burst is one batch) and once with ``max_num_seqs=24`` (the same requests split
+into other batches), and prints for each pass AUC-mean and accuracy with their 95% bootstrap intervals, the paired
+difference, and how many of the responses are the same in both.
+
+The ``hf`` rollout seeds every request (``capo_verl/rollout/server.py``), so the two passes should draw the same
+samples whatever the batching, up to float rounding of the batched forward pass (bfloat16 here): a difference of
+AUC-mean between them is then rounding, not sampling.
+
+    python benchmarks/validation_noise.py                 # ~12 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path, model: Path, timeout: int) -> Path:
+    """Run verl's trainer in validation-only mode; return the dump ``<workdir>/<name>/0.jsonl``."""
+    from capo_verl.compare import _train_env
+
+    out = workdir / name
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={REPO / 'configs'}", "--config-name=compare_smollm2_135m_cpu",
+        f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
+        f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
+        "trainer.val_before_train=true", "++trainer.val_only=true", "trainer.logger=[console,file]",
+        f"trainer.experiment_name={name}", f"trainer.default_local_dir={out / 'ckpt'}",
+        f"++trainer.validation_data_dir={out}",
+    ]
+    with open(out / "console.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=out, env=_train_env(out / "metrics.jsonl"), stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"verl exited with {proc.returncode}; see {out / 'console.log'}")
+    return out / "0.jsonl"
+
+
+def responses(path: Path) -> dict[str, Counter]:
+    """``{question: Counter(response texts)}`` of a validation dump."""
+    out: dict[str, Counter] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.setdefault(str(row["input"]), Counter())[str(row["output"])] += 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--timeout", type=int, default=1800)
+    args = parser.parse_args(argv)
+
+    from capo_verl.compare import MIN_VAL_QUESTIONS, paired_difference, pass_summary, read_validation_pass
+    from capo_verl.models import smollm2_checkpoint, write_gsm8k_calc_parquet
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="capo_validation_noise_")).resolve()
+    data_dir = workdir / "data"
+    write_gsm8k_calc_parquet(data_dir, n_train=1024, n_val=MIN_VAL_QUESTIONS, n_test=64, seed=0)  # as compare
+    model = smollm2_checkpoint()
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+
+    dumps = {}
+    for name, max_num_seqs in (("one_batch", 512), ("batches_of_24", 24)):
+        print(f"[validation_noise] validation pass '{name}' (rollout.max_num_seqs={max_num_seqs}) ...", flush=True)
+        dumps[name] = validation_pass(workdir, name, max_num_seqs, data_dir, model, args.timeout)
+
+    passes = {name: read_validation_pass(path) for name, path in dumps.items()}
+    print(f"\nSmolLM2-135M-Instruct, the same weights validated twice on {MIN_VAL_QUESTIONS} problems x 8 samples "
+          f"(T = 1.0), batched differently (logs in {workdir}):")
+    for name, vp in passes.items():
+        s = pass_summary(vp)
+        print(f"  {name:14s}: AUC-mean {s['auc_mean']:.3f} [{s['auc_mean_ci'][0]:.3f}, {s['auc_mean_ci'][1]:.3f}] "
+              f"over {s['n_mixed']} mixed questions, accuracy {100 * s['accuracy']:.1f}% "
+              f"[{100 * s['accuracy_ci'][0]:.1f}, {100 * s['accuracy_ci'][1]:.1f}]")
+    a, b = passes.values()
+    d = paired_difference(a, b)
+    print(f"  difference     : AUC-mean {d['auc_mean_diff']:+.3f} [{d['auc_mean_diff_ci'][0]:+.3f}, "
+          f"{d['auc_mean_diff_ci'][1]:+.3f}], accuracy {100 * d['accuracy_diff']:+.1f} points")
+    ra, rb = (responses(p) for p in dumps.values())
+    same = sum(sum((ra[q] & rb.get(q, Counter())).values()) for q in ra)
+    total = sum(sum(c.values()) for c in ra.values())
+    print(f"  responses drawn in both passes: {same} of {total} ({100 * same / total:.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
