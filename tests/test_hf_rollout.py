@@ -115,7 +115,8 @@ def test_inverse_cdf_draws_follow_the_distribution_and_never_a_zero_probability_
     assert torch.allclose(freq, probs.double(), atol=1e-4)
     # the edges: u = 0 takes the first token with mass, u -> 1 and a total rounded below 1 the last one
     edge = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.3, 0.0, 0.3, 0.0]])
-    assert _inverse_cdf(edge, torch.tensor([0.0, 1.0 - 2**-53, 1.0 - 2**-53], dtype=torch.float64)).tolist() == [1, 3, 3]
+    u = torch.tensor([0.0, 1.0 - 2**-53, 1.0 - 2**-53], dtype=torch.float64)
+    assert _inverse_cdf(edge, u).tolist() == [1, 3, 3]
 
 
 def test_per_row_seeds_make_a_response_independent_of_its_batch(model_and_tokenizer):
@@ -142,7 +143,8 @@ def test_per_row_seeds_make_a_response_independent_of_its_batch(model_and_tokeni
     penalised = [SamplingSpec(max_tokens=m, temperature=1.0, repetition_penalty=1.3) for m in (2, 12, 5, 9)]
     staggered = generate_batch(model, prompts, penalised, seeds=seeds, **kw)
     for i, prompt in enumerate(prompts):
-        assert staggered[i].token_ids == generate_batch(model, [prompt], [penalised[i]], seeds=[seeds[i]], **kw)[0].token_ids
+        alone = generate_batch(model, [prompt], [penalised[i]], seeds=[seeds[i]], **kw)[0]
+        assert staggered[i].token_ids == alone.token_ids
     same_prompt = generate_batch(model, [prompts[0]] * 4, [spec] * 4, seeds=[1, 2, 3, 4], **kw)
     assert len({tuple(o.token_ids) for o in same_prompt}) > 1
     with pytest.raises(ValueError, match="not both"):

@@ -3,8 +3,8 @@
 One call of :func:`generate_batch` decodes a batch of prompts of different lengths, each with its own sampling
 parameters (temperature, top-k, top-p, repetition penalty, max tokens, stop tokens), with one KV cache and one
 forward pass per generated position; a row that has stopped leaves the batch and the cache, so the remaining rows
-decode without it (responses of very different lengths cost the tokens they have, not batch x longest). It returns the response tokens and, per token, the
-log-probability the rollout reports to verl (``rollout_log_probs``).
+decode without it (responses of very different lengths cost the tokens they have, not batch x longest). It returns
+the response tokens and, per token, the log-probability the rollout reports to verl (``rollout_log_probs``).
 
 Log-probabilities (what vLLM calls ``logprobs_mode``; verl's default is ``processed_logprobs``):
 
