@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path, model: Path, timeout: int) -> Path:
     """Run verl's trainer in validation-only mode; return the dump ``<workdir>/<name>/0.jsonl``."""
-    from capo_verl.compare import _train_env
+    from capo_verl.compare import train_env
 
     out = workdir / name
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path,
         f"++trainer.validation_data_dir={out}",
     ]
     with open(out / "console.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=out, env=_train_env(out / "metrics.jsonl"), stdout=log,
+        proc = subprocess.run(cmd, cwd=out, env=train_env(out / "metrics.jsonl"), stdout=log,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"verl exited with {proc.returncode}; see {out / 'console.log'}")

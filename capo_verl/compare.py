@@ -444,7 +444,10 @@ def _plots(out: Path, runs: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- training
-def _train_env(metrics_path: Path) -> dict[str, str]:
+def train_env(metrics_path: Path) -> dict[str, str]:
+    """Environment of a ``verl.trainer.main_ppo`` child process: this one's, plus verl's file logger writing to
+    ``metrics_path``, CPU thread counts (``OMP_NUM_THREADS``, ``TQ_NUM_THREADS``) unless already set, and full
+    Hydra errors."""
     import psutil
 
     env = dict(os.environ)
@@ -488,7 +491,7 @@ def run_method(method: str, out: Path, config_name: str, config_dir: Path, overr
     print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=run_dir, env=_train_env(run_dir / "metrics.jsonl"), stdout=log,
+        proc = subprocess.run(cmd, cwd=run_dir, env=train_env(run_dir / "metrics.jsonl"), stdout=log,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     wall = time.time() - t0
     if proc.returncode != 0:

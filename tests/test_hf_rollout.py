@@ -117,6 +117,7 @@ def test_inverse_cdf_draws_follow_the_distribution_and_never_a_zero_probability_
     edge = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.3, 0.0, 0.3, 0.0]])
     u = torch.tensor([0.0, 1.0 - 2**-53, 1.0 - 2**-53], dtype=torch.float64)
     assert _inverse_cdf(edge, u).tolist() == [1, 3, 3]
+    assert _inverse_cdf(edge, torch.ones(3, dtype=torch.float64)).tolist() == [3, 3, 3]  # target at the total
 
 
 def test_per_row_seeds_make_a_response_independent_of_its_batch(model_and_tokenizer):

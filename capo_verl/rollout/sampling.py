@@ -104,8 +104,13 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.double().cumsum(dim=-1)
     target = (u.to(cdf) * cdf[:, -1])[:, None]
     index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
-    return torch.minimum(index, last_positive)
+    # right=True never lands on a zero-probability token inside the CDF; only a target rounded up to the row's
+    # total runs past the end, and then the draw is the last token with mass (rare: no extra pass otherwise)
+    past_end = index >= probs.shape[-1]
+    if bool(past_end.any()):
+        last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+        index = torch.where(past_end, last_positive, index)
+    return index
 
 
 def _sample(
