@@ -29,11 +29,14 @@ from capo_verl.compat.validation import LPM_KEY, validation_calibration_metrics
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _trainer(val_calib: bool | None = True):
+def _trainer(val_calib: bool | str | None = True, adv_estimator: str = "grpo"):
+    """A stand-in trainer with verl's struct config; ``val_calib=None`` leaves the key out (verl's own configs)."""
     from omegaconf import OmegaConf
 
     trainer_cfg = {} if val_calib is None else {"val_calib": val_calib}
-    return SimpleNamespace(config=OmegaConf.create({"trainer": trainer_cfg}))
+    config = OmegaConf.create({"trainer": trainer_cfg, "algorithm": {"adv_estimator": adv_estimator}})
+    OmegaConf.set_struct(config, True)
+    return SimpleNamespace(config=config)
 
 
 def _outputs(n_questions=3, n=4, seed=0):
@@ -138,7 +141,7 @@ def test_metrics_edge_cases():
 
 
 def test_no_lpm_at_all_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="calculate_log_probs=True.*trainer.val_calib=false"):
+    with pytest.raises(RuntimeError, match="calculate_log_probs=true.*trainer.val_calib=false"):
         validation_calibration_metrics(["a", "a"], ["q", "q"], {"reward": [1.0, 0.0], "acc": [1.0, 0.0]})
     with pytest.raises(RuntimeError, match="no validation response carries"):
         validation_calibration_metrics(["a"], ["q"], {"reward": [1.0], LPM_KEY: [None]})
@@ -169,9 +172,111 @@ def test_real_val_metrics_update_logs_val_calib_next_to_val_core(trainer_cls):
     off = cls._val_metrics_update(_trainer(False), sources, uids, infos, turns, **kwargs)
     assert not any(k.startswith("val-calib/") for k in off)
     assert {k: v for k, v in metrics.items() if not k.startswith("val-calib/")} == off
-    # a config without the key: on by default
+    # a config without the key (auto): on when the responses carry lpm
     default = cls._val_metrics_update(_trainer(None), sources, uids, infos, turns, **kwargs)
-    assert "val-calib/aime24/auc_mean" in default
+    assert default == metrics
+
+
+# --- 3b. without lpm: skipped (auto), or an error (asked for, or a capo-verl estimator) -----------------------
+def _without_lpm(trainer_cls):
+    """verl's _val_metrics_update of the v1 or legacy trainer and its arguments, for responses without lpm."""
+    if trainer_cls == "v1":
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer as cls
+    else:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer as cls
+    sources, uids, infos = _outputs()
+    del infos[LPM_KEY]  # rollout.calculate_log_probs=false, or a colocated reward model
+    kwargs = {"expected_acc_counts": {(s, u): 4 for s, u in zip(sources, uids)}} if trainer_cls == "v1" else {}
+    turns = [2] * len(sources) if trainer_cls == "v1" else [np.full(len(sources), 2)]
+    return cls._val_metrics_update, (sources, uids, infos, turns), kwargs
+
+
+@pytest.fixture
+def fresh_warning(monkeypatch, caplog):
+    """A process that has not warned yet; capo_verl's warnings captured."""
+    monkeypatch.setattr(validation, "_warned_skipped", False)
+    caplog.set_level("WARNING", logger="capo_verl")
+    return caplog
+
+
+def _skip_warnings(caplog):
+    skipped = "val-calib/* calibration metrics skipped"
+    return [r for r in caplog.records if r.name == "capo_verl" and skipped in r.message]
+
+
+@pytest.mark.parametrize("trainer_cls", ["v1", "legacy"])
+@pytest.mark.parametrize("val_calib", [None, "auto"])
+def test_no_lpm_auto_skips_with_one_warning(trainer_cls, val_calib, fresh_warning):
+    update, args, kwargs = _without_lpm(trainer_cls)
+    off = update(_trainer(False), *args, **kwargs)  # verl's metrics alone
+    assert not _skip_warnings(fresh_warning)
+    trainer = _trainer(val_calib, adv_estimator="grpo")
+    for _ in range(3):  # three validation passes of one run
+        assert update(trainer, *args, **kwargs) == off
+    warnings = _skip_warnings(fresh_warning)
+    assert len(warnings) == 1, [r.message for r in warnings]
+    assert "no validation response carries its mean log-prob ('lpm')" in warnings[0].message
+    assert "calculate_log_probs=true" in warnings[0].message and "trainer.val_calib=false" in warnings[0].message
+
+
+def test_auto_skips_a_failing_computation_with_one_warning(fresh_warning, monkeypatch):
+    sources, uids, infos = _outputs()
+
+    def broken(*args):
+        raise ValueError("something val-calib cannot read")
+
+    monkeypatch.setattr(validation, "validation_calibration_metrics", broken)
+    for _ in range(2):
+        assert validation.calibration_metrics_for(_trainer(None), sources, uids, infos) == {}
+    (warning,) = _skip_warnings(fresh_warning)
+    assert "computing them failed (ValueError: something val-calib cannot read)" in warning.message
+    with pytest.raises(ValueError, match="cannot read"):  # asked for: the error is the user's to see
+        validation.calibration_metrics_for(_trainer(True), sources, uids, infos)
+
+
+@pytest.mark.parametrize("trainer_cls", ["v1", "legacy"])
+def test_no_lpm_with_val_calib_true_raises_naming_the_key_and_fix(trainer_cls, fresh_warning):
+    update, args, kwargs = _without_lpm(trainer_cls)
+    with pytest.raises(RuntimeError) as err:
+        update(_trainer(True, adv_estimator="grpo"), *args, **kwargs)
+    message = str(err.value)
+    assert "no validation response carries its mean log-prob ('lpm')" in message
+    assert "required (trainer.val_calib=true)" in message
+    assert "actor_rollout_ref.rollout.calculate_log_probs=true" in message
+    assert "trainer.val_calib=false" in message
+    assert not _skip_warnings(fresh_warning)
+
+
+@pytest.mark.parametrize("estimator", ["capo", "grpo_mask", "codapo", "cde"])
+def test_no_lpm_with_a_capo_verl_estimator_raises(estimator, fresh_warning):
+    update, args, kwargs = _without_lpm("v1")
+    for val_calib in (None, "auto"):
+        with pytest.raises(RuntimeError, match=rf"required \(algorithm.adv_estimator={estimator} is a capo-verl"):
+            update(_trainer(val_calib, adv_estimator=estimator), *args, **kwargs)
+    # turned off explicitly: verl's metrics, no error and no warning
+    off = update(_trainer(False, adv_estimator=estimator), *args, **kwargs)
+    assert off and not any(k.startswith("val-calib/") for k in off)
+    assert not _skip_warnings(fresh_warning)
+
+
+def test_val_calib_mode():
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+    mode = validation.val_calib_mode
+    assert mode(_trainer(None).config) == ("auto", "trainer.val_calib is auto")
+    assert mode(_trainer("AUTO").config)[0] == "auto"
+    assert mode(_trainer(True).config) == ("required", "trainer.val_calib=true")
+    assert mode(_trainer(False, adv_estimator="capo").config) == ("off", "trainer.val_calib=false")
+    assert mode(_trainer(None, adv_estimator="capo").config)[0] == "required"
+    assert mode(_trainer(None, adv_estimator=AdvantageEstimator.GRPO).config)[0] == "auto"  # verl's enum
+    assert mode(_trainer(None, adv_estimator="not_registered").config)[0] == "auto"
+    assert mode(None)[0] == "auto"
+    for estimator in ("capo", "grpo_mask", "codapo", "cde"):
+        assert validation.is_capo_verl_estimator(estimator)
+    for estimator in ("grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "gpg"):
+        assert not validation.is_capo_verl_estimator(estimator)
+    with pytest.raises(ValueError, match="trainer.val_calib must be true, false, auto or null"):
+        mode(_trainer("yes").config)
 
 
 # --- 4. verl's real _validate, end to end -------------------------------------------------------------------

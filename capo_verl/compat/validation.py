@@ -22,8 +22,19 @@ the reward's ``reward_extra_info`` of each response. Two patches carry the confi
    Correct = ``acc > 0.5`` when the reward returns ``acc`` (capo_verl.reward does), else ``reward > 0.5``:
    the same variable verl picks for its ``val-core`` section.
 
-``trainer.val_calib`` (default true; ``+trainer.val_calib=false`` on configs that lack the key) turns
-step 2 off. With it on, a validation pass in which no response has ``lpm`` raises, naming the fix.
+Installing capo-verl must not break a verl run that uses none of its estimators, so step 2 has three modes,
+chosen by ``trainer.val_calib`` (:func:`val_calib_mode`):
+
+- absent, ``null`` or ``auto`` (the default; verl's own configs lack the key): the metrics are added when the
+  responses carry ``lpm``. When none does (``actor_rollout_ref.rollout.calculate_log_probs=false``, or a
+  colocated reward model that scores outside the agent loop) they are skipped with one warning per process,
+  i.e. per run, and the run goes on as without capo-verl. The same holds for any error computing them. If
+  ``algorithm.adv_estimator`` is one of capo-verl's estimators (capo, grpo_mask, codapo, cde: those registered
+  with :func:`capo_verl.compat.advantage.register_batch_aware_adv_est`), auto means required.
+- ``true``: required. A validation pass in which no response has ``lpm`` raises RuntimeError naming the fix.
+- ``false``: off; verl's metrics only.
+
+verl's own configs lack the key: set it with ``+trainer.val_calib=...`` there (``++`` works either way).
 """
 
 from __future__ import annotations
@@ -106,16 +117,8 @@ def validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos
     lpm_list = reward_extra_infos_dict.get(LPM_KEY)
     if n == 0:
         return {}
-    if lpm_list is None or all(v is None for v in lpm_list):  # NaN (undefined lpm) still counts as present
-        raise RuntimeError(
-            "val-calib: no validation response carries its mean log-prob ('lpm'), so the calibration metrics "
-            "val-calib/<data_source>/auc_mean cannot be computed. Set actor_rollout_ref.rollout."
-            "calculate_log_probs=True (the rollout must return log-probs), make sure capo-verl is installed "
-            "in every Ray process (capo_verl.compat patches the agent-loop worker; note that a colocated "
-            "reward model, reward.reward_model.enable=True without enable_resource_pool, bypasses it), or "
-            "turn the metric off with trainer.val_calib=false (+trainer.val_calib=false if your config "
-            "lacks the key)."
-        )
+    if not carries_lpm(reward_extra_infos_dict):
+        raise RuntimeError(_missing_lpm_message(None))
     if "acc" in reward_extra_infos_dict:
         outcome_name, outcome = "acc", reward_extra_infos_dict["acc"]
     else:
@@ -144,10 +147,113 @@ def validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos
     return metrics
 
 
-def _val_calib_enabled(trainer) -> bool:
-    config = getattr(trainer, "config", None)
-    trainer_cfg = config.get("trainer", {}) if config is not None else {}
-    return bool(trainer_cfg.get("val_calib", True))
+#: Values of :func:`val_calib_mode`.
+OFF, AUTO, REQUIRED = "off", "auto", "required"
+_warned_skipped = False  # the one "skipped" warning of this process (a run's trainer lives in one process)
+
+
+def carries_lpm(reward_extra_infos_dict) -> bool:
+    """True if at least one response carries ``lpm`` (NaN, an undefined lpm, counts as carried)."""
+    values = reward_extra_infos_dict.get(LPM_KEY)
+    return values is not None and any(v is not None for v in values)
+
+
+def is_capo_verl_estimator(name) -> bool:
+    """True if verl's ``algorithm.adv_estimator`` ``name`` is one of capo-verl's estimators.
+
+    capo-verl registers its estimators (capo, grpo_mask, codapo, cde) with
+    :func:`capo_verl.compat.advantage.register_batch_aware_adv_est`, which marks the function verl holds in
+    ``ADV_ESTIMATOR_REGISTRY`` with ``batch_keys``; verl's own estimators have no such mark.
+    """
+    from verl.trainer.ppo import core_algos
+
+    fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(getattr(name, "value", name))
+    return fn is not None and hasattr(fn, "batch_keys")
+
+
+def val_calib_mode(config) -> tuple[str, str]:
+    """How the ``val-calib/...`` metrics run for a trainer config: ``(mode, reason)``.
+
+    Args:
+        config: the trainer's config (``trainer.config``, a DictConfig), or None.
+
+    Returns:
+        ``(OFF | AUTO | REQUIRED, reason)``: ``trainer.val_calib`` false -> OFF; true -> REQUIRED; absent,
+        null or ``"auto"`` -> REQUIRED if ``algorithm.adv_estimator`` is capo-verl's
+        (:func:`is_capo_verl_estimator`), else AUTO. ``reason`` says which setting decided, for messages.
+
+    Raises:
+        ValueError: ``trainer.val_calib`` is something else (a string other than ``auto``, a number, ...).
+    """
+    trainer_cfg = (config.get("trainer", None) if config is not None else None) or {}
+    value = trainer_cfg.get("val_calib", None)
+    if value is False:
+        return OFF, "trainer.val_calib=false"
+    if value is True:
+        return REQUIRED, "trainer.val_calib=true"
+    if value is not None and not (isinstance(value, str) and value.lower() == "auto"):
+        raise ValueError(f"trainer.val_calib must be true, false, auto or null (auto), got {value!r}")
+    algorithm = (config.get("algorithm", None) if config is not None else None) or {}
+    estimator = algorithm.get("adv_estimator", None)
+    if estimator is not None and is_capo_verl_estimator(estimator):
+        name = getattr(estimator, "value", estimator)
+        return REQUIRED, f"algorithm.adv_estimator={name} is a capo-verl estimator and trainer.val_calib is auto"
+    return AUTO, "trainer.val_calib is auto"
+
+
+def _missing_lpm_message(reason: str | None) -> str:
+    why = "cannot be computed" if reason is None else f"are required ({reason})"
+    return (
+        "val-calib: no validation response carries its mean log-prob ('lpm'), so the calibration metrics "
+        f"val-calib/<data_source>/auc_mean {why}. Set actor_rollout_ref.rollout."
+        "calculate_log_probs=true (the rollout must return log-probs), make sure capo-verl is installed in every "
+        "Ray process (capo_verl.compat patches the agent-loop worker; note that a colocated reward model, "
+        "reward.reward_model.enable=true without enable_resource_pool, bypasses it), or turn the metrics off "
+        "with trainer.val_calib=false (+trainer.val_calib=false if your config lacks the key)."
+    )
+
+
+def _warn_skipped_once(why: str) -> None:
+    global _warned_skipped
+    if _warned_skipped:
+        return
+    _warned_skipped = True
+    logger.warning(
+        "capo-verl: val-calib/* calibration metrics skipped for this run: %s. verl's own validation metrics are "
+        "unaffected. To compute them, set actor_rollout_ref.rollout.calculate_log_probs=true and score in the "
+        "agent loop (no colocated reward model). trainer.val_calib=false silences this, trainer.val_calib=true "
+        "makes it an error (on the command line: ++trainer.val_calib=...). (Warned once per run.)",
+        why,
+    )
+
+
+def calibration_metrics_for(trainer, data_sources, sample_uids, reward_extra_infos_dict) -> dict[str, float]:
+    """The ``val-calib/...`` metrics that ``trainer``'s config asks for (:func:`val_calib_mode`).
+
+    OFF: ``{}``. AUTO: :func:`validation_calibration_metrics`, or ``{}`` and one warning per process when no
+    response has ``lpm`` or computing them fails. REQUIRED: :func:`validation_calibration_metrics`.
+
+    Raises:
+        RuntimeError: REQUIRED and no response has ``lpm``; the message names the setting that made the metrics
+            required and the fixes.
+        ValueError: invalid ``trainer.val_calib`` (see :func:`val_calib_mode`); in REQUIRED mode also what
+            :func:`validation_calibration_metrics` raises.
+    """
+    mode, reason = val_calib_mode(getattr(trainer, "config", None))
+    if mode == OFF or len(data_sources) == 0:
+        return {}
+    if not carries_lpm(reward_extra_infos_dict):
+        if mode == REQUIRED:
+            raise RuntimeError(_missing_lpm_message(reason))
+        _warn_skipped_once("no validation response carries its mean log-prob ('lpm')")
+        return {}
+    if mode == REQUIRED:
+        return validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos_dict)
+    try:
+        return validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos_dict)
+    except Exception as exc:  # auto: an added metric must not fail a run that did not ask for it
+        _warn_skipped_once(f"computing them failed ({type(exc).__name__}: {exc})")
+        return {}
 
 
 # --- 1. verl/experimental/agent_loop/agent_loop.py: lpm into reward_extra_info ------------------------------
@@ -170,6 +276,14 @@ def _patch_agent_loop(agent_loop) -> None:
 
 # --- 2. trainers: val-calib metrics next to verl's val-core ---------------------------------------------
 def _wrap_val_metrics_update(cls, where: str) -> None:
+    """Wrap ``cls._val_metrics_update``: verl's metrics without ``lpm``, plus :func:`calibration_metrics_for`.
+
+    The patched method raises what :func:`calibration_metrics_for` raises (only when ``trainer.val_calib`` is
+    invalid or the metrics are required).
+
+    Raises:
+        RuntimeError: at patch time, verl's method does not have 0.9.1's parameters.
+    """
     original = cls._val_metrics_update
     check_signature(
         original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where
@@ -181,8 +295,7 @@ def _wrap_val_metrics_update(cls, where: str) -> None:
         # _validate dumped to trainer.validation_data_dir still has it.
         verl_infos = {k: v for k, v in reward_extra_infos_dict.items() if k != LPM_KEY}
         metrics = original(self, data_sources, sample_uids, verl_infos, sample_turns, *args, **kwargs)
-        if _val_calib_enabled(self):
-            metrics.update(validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos_dict))
+        metrics.update(calibration_metrics_for(self, data_sources, sample_uids, reward_extra_infos_dict))
         return metrics
 
     cls._val_metrics_update = _val_metrics_update
