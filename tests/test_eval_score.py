@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +21,21 @@ def write(path, records):
     return path
 
 
-def rec(ds, q, answer, correct, lpm, n=10):
-    return {"data_source": ds, "question_id": q, "response": f"... \\boxed{{{answer}}}" if answer else "...",
-            "answer": answer, "correct": correct, "lpm": lpm, "num_tokens": n}
+def rec(ds, q, answer, correct, lpm, n=10, j=0):
+    return {"data_source": ds, "question_id": q, "sample_index": j,
+            "response": f"... \\boxed{{{answer}}}" if answer else "...", "answer": answer, "correct": correct,
+            "lpm": lpm, "num_tokens": n}
+
+
+def numbered(records):
+    """sample_index 0, 1, ... within each question, in list order."""
+    seen = {}
+    out = []
+    for r in records:
+        key = (r["data_source"], r["question_id"])
+        seen[key] = seen.get(key, -1) + 1
+        out.append({**r, "sample_index": seen[key]})
+    return out
 
 
 def read(path):
@@ -37,10 +51,10 @@ def test_hand_computed_metrics(tmp_path):
         rec("A", 0, "4", True, -0.1), rec("A", 0, "5", False, -0.5), rec("A", 0, "6", False, -0.1),
         # q1: all wrong, one without an answer
         rec("A", 1, "1", False, -0.2), rec("A", 1, "", False, -0.3), rec("A", 1, "1", False, -0.4),
-        # q2 of B: one response only (k ragged across sources), correct
-        rec("B", 0, "9", True, -1.0),
+        # q0 of B: all correct
+        rec("B", 0, "9", True, -1.0), rec("B", 0, "9", True, -1.2), rec("B", 0, "9", True, -0.9),
     ]
-    path = write(tmp_path / "g.jsonl", records)
+    path = write(tmp_path / "g.jsonl", numbered(records))
     metrics = S.score_runs({"run": path}, tmp_path / "out", plots=False)["run"]
     a, b, all_ = metrics["A"], metrics["B"], metrics["all"]
     assert (a["n_questions"], a["n_responses"], a["k"]) == (2, 6, 3)
@@ -53,8 +67,8 @@ def test_hand_computed_metrics(tmp_path):
     assert prec[0] == pytest.approx(0.5) and prec[-1] == pytest.approx(1 / 6)
     assert a["precision_coverage"]["area"] == pytest.approx(np.mean([1 / 2, 1 / 2, 1 / 3, 1 / 4, 1 / 5, 1 / 6]))
     assert a["answered_frac"] == pytest.approx(5 / 6) and a["mean_num_tokens"] == 10
-    assert b["k"] == 1 and b["mean_acc"] == 1.0 and math.isnan(b["auc_mean"]) and b["n_mixed_questions"] == 0
-    assert all_["k"] == {"min": 1, "max": 3} and all_["n_questions"] == 3
+    assert b["k"] == 3 and b["mean_acc"] == 1.0 and math.isnan(b["auc_mean"]) and b["n_mixed_questions"] == 0
+    assert all_["k"] == 3 and all_["n_questions"] == 3
     assert all_["mean_acc"] == pytest.approx((1 / 3 + 0 + 1) / 3)
     assert metrics["macro_avg"]["mean_acc"] == pytest.approx((a["mean_acc"] + 1.0) / 2)
     assert metrics["macro_avg"]["auc_mean"] == pytest.approx(0.75)  # B has no AUC: left out of the average
@@ -64,26 +78,131 @@ def test_hand_computed_metrics(tmp_path):
     assert on_disk["run"]["A"]["auc_mean"] == pytest.approx(0.75)
 
 
-def test_labels_and_errors(tmp_path):
+def test_ragged_k_is_reported_by_score_responses():
+    """A caller passing arrays directly may mix k (files may not, see below): k is reported as a range."""
+    m = S.score_responses(["a", "a", "b"], ["1", "2", "3"], [True, False, True], [-0.1, -0.2, -0.3])
+    assert m["k"] == {"min": 1, "max": 2} and m["mean_acc"] == pytest.approx((0.5 + 1) / 2)
+
+
+def test_labels(tmp_path):
     good = write(tmp_path / "good.jsonl", [rec("A", 0, "1", True, -0.1)])
     assert S.parse_labelled([f"grpo={good}", str(good)]) == {"grpo": str(good), "good": str(good)}
     with pytest.raises(ValueError, match="label 'good' is given twice"):
         S.parse_labelled([str(good), f"good={good}"])
     with pytest.raises(ValueError, match="bad generation file spec"):
         S.parse_labelled(["=x.jsonl"])
+
+
+# ------------------------------------------------------------------------------------------- input checks
+
+GOOD = rec("A", 0, "1", True, -0.5)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"correct": "false"}, r'correct is "false" \(str\); expected a JSON boolean, true or false \(strings and 0/1'),
+    ({"correct": 0}, r"correct is 0 \(int\); expected a JSON boolean"),
+    ({"correct": None}, r"correct is null \(NoneType\); expected a JSON boolean"),
+    ({"truncated": "no"}, r'truncated is "no" \(str\); expected a JSON boolean'),
+    ({"lpm": "-0.5"}, r'lpm is "-0.5" \(str\); expected a number, the response\'s mean token log-prob in nats'),
+    ({"lpm": True}, r"lpm is true \(bool\); expected a number"),
+    ({"lpm": None}, r"lpm is null \(NoneType\); expected a number"),
+    ({"lpm": float("nan")}, r"lpm is nan; every response needs a finite mean log-prob"),
+    ({"lpm": float("-inf")}, r"lpm is -inf; every response needs a finite mean log-prob"),
+    ({"lpm": 0.5}, r"lpm is 0.5, but a mean token log-prob is <= 0 nats \(up to 1e-06 is accepted as float rounding"),
+    ({"lpm": 2e-6}, r"lpm is 2e-06, but a mean token log-prob is <= 0 nats"),
+    ({"num_tokens": -1}, r"num_tokens is -1 \(int\); expected an integer >= 0"),
+    ({"num_tokens": 10.0}, r"num_tokens is 10.0 \(float\); expected an integer >= 0"),
+    ({"sample_index": "1"}, r'sample_index is "1" \(str\); expected an integer >= 0'),
+    ({"data_source": ""}, r'data_source is "" \(str\); expected a non-empty string'),
+    ({"question_id": None}, r"question_id is null \(NoneType\); expected a string or a finite number"),
+    ({"question_id": [1]}, r"question_id is \[1\] \(list\); expected a string or a finite number"),
+    ({"answer": 12}, r'answer is 12 \(int\); expected a string \("" or null when no answer was found\)'),
+    ({"response": None}, r"response is null \(NoneType\); expected a string"),
+])
+def test_bad_values_name_file_and_line(tmp_path, change, message):
+    path = write(tmp_path / "g.jsonl", [GOOD, {**GOOD, "question_id": 1, **change}])
+    with pytest.raises(ValueError, match=r"g\.jsonl:2: " + message) as err:
+        S.read_generations(path)
+    assert "\n" not in str(err.value)
+
+
+def test_values_that_are_accepted(tmp_path):
+    """lpm up to +1e-6 (float rounding of a log-prob of 0), int lpm, string or int ids, null answer, no truncated."""
+    lines = [GOOD, {**GOOD, "question_id": 1, "lpm": 1e-6, "answer": ""},
+             {**GOOD, "question_id": "q2", "lpm": 0, "answer": None}]
+    cols = S.read_generations(write(tmp_path / "g.jsonl", lines))
+    assert cols["lpm"].tolist() == [-0.5, 1e-6, 0.0] and cols["answer"].tolist() == ["1", "", ""]
+    assert cols["question_id"].tolist() == ["0", "1", "q2"] and not cols["truncated"].any()
+
+
+def test_malformed_lines(tmp_path):
     with pytest.raises(FileNotFoundError, match="capo-verl eval generate"):
         S.read_generations(tmp_path / "missing.jsonl")
-    bad = write(tmp_path / "bad.jsonl", [rec("A", 0, "1", True, -0.1), {"data_source": "A", "question_id": 1}])
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: missing field\(s\) \['response', 'answer'"):
+    with pytest.raises(ValueError, match="is a folder; pass a generation .jsonl file"):
+        S.read_generations(tmp_path)
+    bad = write(tmp_path / "bad.jsonl", [GOOD, {"data_source": "A", "question_id": 1}])
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: missing field\(s\) \['sample_index', 'response', 'answer'"):
         S.read_generations(bad)
-    nan = write(tmp_path / "nan.jsonl", [rec("A", 0, "1", True, float("nan"))])
-    with pytest.raises(ValueError, match="nan.jsonl:1: lpm is nan"):
-        S.read_generations(nan)
-    (tmp_path / "text.jsonl").write_text("hello\n")
-    with pytest.raises(ValueError, match="text.jsonl:1: not a JSON line"):
+    (tmp_path / "text.jsonl").write_text(json.dumps(GOOD) + "\nhello\n")
+    with pytest.raises(ValueError, match="text.jsonl:2: not a JSON line"):
         S.read_generations(tmp_path / "text.jsonl")
-    # the command line turns input errors into a message and exit code 2
-    assert main(["score", "--generations", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="list.jsonl:1: a JSON list, not an object"):
+        S.read_generations(tmp_path / "list.jsonl")
+    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(GOOD).encode() + b"\n" + json.dumps(GOOD).encode()[:-2]
+                                            + b' "caf\xe9"}\n')
+    with pytest.raises(ValueError, match="latin1.jsonl:2: not UTF-8 text"):
+        S.read_generations(tmp_path / "latin1.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no responses in the file"):
+        S.read_generations(tmp_path / "empty.jsonl")
+
+
+def test_duplicate_response_names_both_lines(tmp_path):
+    # question ids are compared as text: 0 and "0" are the same question
+    lines = numbered([rec("A", 0, "1", True, -0.1), rec("A", 0, "2", False, -0.2)])
+    path = write(tmp_path / "dup.jsonl", lines + [rec("A", 1, "1", True, -0.3), {**lines[1], "question_id": "0"}])
+    with pytest.raises(ValueError, match=r"dup.jsonl:4: duplicate response: data_source 'A', question_id '0', "
+                                         r"sample_index 1 is already on line 2 \(the same run appended twice\?\)"):
+        S.read_generations(path)
+
+
+def test_mixed_k_names_the_odd_question(tmp_path):
+    # k=2 for the first question, k=3 for the two others: the first is the odd one (line 1)
+    lines = numbered([rec("A", 0, "1", True, -0.1)] * 2 + [rec("A", 1, "1", True, -0.1)] * 3
+                     + [rec("B", 0, "1", True, -0.1)] * 3)
+    path = write(tmp_path / "mixed.jsonl", lines)
+    with pytest.raises(ValueError, match=r"mixed.jsonl:1: data_source 'A', question_id '0' has 2 response\(s\), but "
+                                         r"other questions have 3 \(responses per question in this file: 3 for 2 "
+                                         r"question\(s\), 2 for 1 question\(s\)\); a file holds one run"):
+        S.read_generations(path)
+    # the same across data sources: gsm8k at k=2 appended to math500 at k=4
+    lines = numbered([rec("math500", 0, "1", True, -0.1)] * 4 + [rec("math500", 1, "1", True, -0.1)] * 4
+                     + [rec("gsm8k", 0, "1", True, -0.1)] * 2)
+    with pytest.raises(ValueError, match=r"mixed.jsonl:9: data_source 'gsm8k', question_id '0' has 2 response"):
+        S.read_generations(write(path, lines))
+
+
+def test_nothing_written_on_a_bad_file(tmp_path):
+    good = write(tmp_path / "good.jsonl", [GOOD])
+    bad = write(tmp_path / "bad.jsonl", [GOOD, {**GOOD, "question_id": 1, "correct": "true"}])
+    with pytest.raises(ValueError, match="bad.jsonl:2: correct is"):
+        S.score_runs({"good": good, "bad": bad}, tmp_path / "out", plots=False)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="file is a file; the report goes to a folder"):
+        S.score_runs({"good": good}, tmp_path / "file", plots=False)
+
+
+def test_cli_input_error_is_one_line_with_exit_code_2(tmp_path):
+    """As a user runs it: a string "false" in `correct` stops the command with the file and line, no traceback."""
+    path = write(tmp_path / "g.jsonl", [GOOD, {**GOOD, "question_id": 1, "correct": "false"}])
+    proc = subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "score", f"run={path}", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f'capo-verl eval score: error: {path}:2: correct is "false" (str); expected a '
+                                        "JSON boolean, true or false (strings and 0/1 are not accepted)"]
+    assert proc.stdout == "" and not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------- real run
@@ -99,10 +218,12 @@ def _by_question(lines, source=None):
 
 def test_end_to_end_on_committed_real_generations(tmp_path):
     """SmolLM2-135M-Instruct on GSM8K and MATH-500 (k=8, CPU), scored through the CLI next to an
-    anti-calibrated copy of itself (lpm negated), then checked against straightforward recomputations."""
+    anti-calibrated copy of itself (lpm reflected to min(lpm) - lpm: the ranking reversed, still <= 0), then
+    checked against straightforward recomputations."""
     lines = read(REAL)
     assert len(lines) >= 100 and {r["data_source"] for r in lines} == {"gsm8k", "math500"}
-    flipped = write(tmp_path / "flipped.jsonl", [{**r, "lpm": -r["lpm"]} for r in lines])
+    lowest = min(r["lpm"] for r in lines)
+    flipped = write(tmp_path / "flipped.jsonl", [{**r, "lpm": lowest - r["lpm"]} for r in lines])
     out = tmp_path / "out"
     assert main(["score", "--generations", f"smollm2={REAL}", f"flipped={flipped}", "--out", str(out)]) == 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -51,48 +52,127 @@ def parse_labelled(specs: Sequence[str]) -> dict[str, str]:
     return runs
 
 
+#: A mean token log-prob is <= 0 nats; values up to this are accepted as float rounding of a log-prob of 0.
+LPM_TOLERANCE = 1e-6
+
+
+def _is_number(x) -> bool:
+    """A JSON number (int or float), not a bool (``True`` is an ``int`` in Python) nor a numeric string."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_line(rec: dict, where: str) -> None:
+    """Type and range checks of one generation line; ``where`` is ``"FILE:LINE"``."""
+    def bad(field: str, expected: str):
+        value = rec[field]
+        return ValueError(f"{where}: {field} is {json.dumps(value)} ({type(value).__name__}); expected {expected}")
+
+    if not isinstance(rec["data_source"], str) or not rec["data_source"]:
+        raise bad("data_source", "a non-empty string")
+    qid = rec["question_id"]
+    if not (isinstance(qid, str) or (_is_number(qid) and math.isfinite(qid))):
+        raise bad("question_id", "a string or a finite number")
+    idx = rec["sample_index"]
+    if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+        raise bad("sample_index", "an integer >= 0")
+    if not isinstance(rec["response"], str):
+        raise bad("response", "a string")
+    if rec["answer"] is not None and not isinstance(rec["answer"], str):
+        raise bad("answer", 'a string ("" or null when no answer was found)')
+    if not isinstance(rec["correct"], bool):
+        raise bad("correct", "a JSON boolean, true or false (strings and 0/1 are not accepted)")
+    lpm = rec["lpm"]
+    if not _is_number(lpm):
+        raise bad("lpm", "a number, the response's mean token log-prob in nats")
+    if not math.isfinite(lpm):
+        raise ValueError(f"{where}: lpm is {lpm!r}; every response needs a finite mean log-prob "
+                         "(regenerate it, or drop that line)")
+    if lpm > LPM_TOLERANCE:
+        raise ValueError(f"{where}: lpm is {lpm!r}, but a mean token log-prob is <= 0 nats (up to {LPM_TOLERANCE:g} "
+                         "is accepted as float rounding); is it a negated log-prob or a probability?")
+    n = rec["num_tokens"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise bad("num_tokens", "an integer >= 0")
+    if "truncated" in rec and not isinstance(rec["truncated"], bool):
+        raise bad("truncated", "a JSON boolean, true or false")
+
+
 def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Load a generation file (``capo-verl eval generate`` output) into column arrays.
+    """Load a generation file (``capo-verl eval generate`` output) into column arrays, checking every line.
+
+    A file holds one run: every question has the same number k of responses, each ``sample_index`` once.
 
     Returns:
         ``{"data_source", "question_id", "answer"}`` as object arrays of str, ``"correct"`` bool,
         ``"lpm"`` float64 (nats), ``"num_tokens"`` int64, ``"truncated"`` bool (False when absent); one
-        entry per response.
+        entry per response, in file order.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line is not JSON, lacks a field of :data:`REQUIRED_FIELDS`, or has a non-finite
-            ``lpm``; the message names the file and line.
+        ValueError: the path is a folder, the file is empty or not UTF-8, or a line is not a JSON object,
+            lacks a field of :data:`REQUIRED_FIELDS`, or has a value of the wrong type or range:
+            ``data_source`` a non-empty string, ``question_id`` a string or finite number, ``sample_index``
+            and ``num_tokens`` integers >= 0, ``response`` a string, ``answer`` a string or null,
+            ``correct`` (and ``truncated`` when present) a JSON boolean (not a string, not 0/1), ``lpm`` a
+            finite number <= :data:`LPM_TOLERANCE`; or a ``(data_source, question_id, sample_index)``
+            repeats; or questions have different numbers of responses (runs of different k mixed in one
+            file). The message names the file and line.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such generation file: {path} (write one with `capo-verl eval generate`)")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; pass a generation .jsonl file (from `capo-verl eval generate`)")
     cols: dict[str, list] = {f: [] for f in ("data_source", "question_id", "answer", "correct", "lpm", "num_tokens",
                                              "truncated")}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    first_line: dict[tuple[str, str, int], int] = {}  # (data_source, question_id, sample_index) -> line
+    questions: dict[tuple[str, str], list[int]] = {}  # (data_source, question_id) -> [first line, responses]
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                                 "is this a `capo-verl eval generate` output?") from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not a JSON line ({e}); is this a `capo-verl eval generate` output?") from e
+                raise ValueError(f"{path}:{i}: not a JSON line ({e}); is this a `capo-verl eval generate` "
+                                 "output?") from e
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; each line is one response "
+                                 "as a JSON object")
             missing = [k for k in REQUIRED_FIELDS if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{i}: missing field(s) {missing}; each line needs {list(REQUIRED_FIELDS)}")
-            lpm = rec["lpm"]
-            if lpm is None or not math.isfinite(float(lpm)):
-                raise ValueError(f"{path}:{i}: lpm is {lpm!r}; every response needs a finite mean log-prob "
-                                 "(regenerate it, or drop that line)")
-            cols["data_source"].append(str(rec["data_source"]))
-            cols["question_id"].append(str(rec["question_id"]))
-            cols["answer"].append("" if rec["answer"] is None else str(rec["answer"]))
-            cols["correct"].append(bool(rec["correct"]))
-            cols["lpm"].append(float(lpm))
-            cols["num_tokens"].append(int(rec["num_tokens"]))
-            cols["truncated"].append(bool(rec.get("truncated", False)))
+            _check_line(rec, f"{path}:{i}")
+            question = (rec["data_source"], str(rec["question_id"]))
+            sample = (*question, rec["sample_index"])
+            if sample in first_line:
+                raise ValueError(f"{path}:{i}: duplicate response: data_source {question[0]!r}, question_id "
+                                 f"{question[1]!r}, sample_index {sample[2]} is already on line {first_line[sample]} "
+                                 "(the same run appended twice?); keep one of them")
+            first_line[sample] = i
+            questions.setdefault(question, [i, 0])[1] += 1
+            cols["data_source"].append(question[0])
+            cols["question_id"].append(question[1])
+            cols["answer"].append(rec["answer"] or "")
+            cols["correct"].append(rec["correct"])
+            cols["lpm"].append(float(rec["lpm"]))
+            cols["num_tokens"].append(rec["num_tokens"])
+            cols["truncated"].append(rec.get("truncated", False))
     if not cols["lpm"]:
         raise ValueError(f"{path}: no responses in the file")
+    counts = Counter(n for _, n in questions.values())
+    if len(counts) > 1:
+        k = counts.most_common(1)[0][0]
+        (ds, qid), (line, n) = next((q, v) for q, v in questions.items() if v[1] != k)
+        sizes = ", ".join(f"{m} for {c} question(s)" for m, c in sorted(counts.items(), reverse=True))
+        raise ValueError(f"{path}:{line}: data_source {ds!r}, question_id {qid!r} has {n} response(s), but other "
+                         f"questions have {k} (responses per question in this file: {sizes}); a file holds one run "
+                         "with the same k for every question: put runs of different k in separate files")
     return {
         "data_source": np.array(cols["data_source"], dtype=object),
         "question_id": np.array(cols["question_id"], dtype=object),
@@ -308,12 +388,19 @@ def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike
     Returns:
         The metrics dict written to ``metrics.json`` (``{label: {data_source | "all" | "macro_avg": ...}}``;
         NaN here, ``null`` in the file).
+
+    Raises:
+        ValueError: no runs, ``out_dir`` is an existing file, or a generation file is malformed (see
+            :func:`read_generations`; every file is read and checked before anything is written).
+        FileNotFoundError: a generation file does not exist.
     """
     if not runs:
         raise ValueError("no generation files given: pass --generations [LABEL=]PATH.jsonl ...")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file; the report goes to a folder (--out), created if needed")
     cols = {label: read_generations(path) for label, path in runs.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
     results = {label: score_generations(c, levels) for label, c in cols.items()}
     (out_dir / "metrics.json").write_text(json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n",
                                           encoding="utf-8")
