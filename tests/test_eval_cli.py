@@ -1,0 +1,110 @@
+"""`capo-verl eval generate`: user errors stop the command with one line and exit code 2, before any model loads.
+
+The subprocess tests run the installed command line as a user does (no traceback may reach stderr); the
+in-process ones go through the same ``main`` for the remaining checks. None of them loads a model.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from capo_verl import data
+from capo_verl.evaluation.cli import check_model, main
+
+PREFIX = "capo-verl eval generate: error: "
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "generate", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def error_line(proc):
+    """The one stderr line starting with the error prefix; also checks exit code 2 and no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("capo-verl eval")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def toy_data(tmp_path):
+    path = tmp_path / "toy.jsonl"
+    path.write_text(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": "1+1?"}],
+                                "reward_model": {"ground_truth": "2"}, "extra_info": {"index": 0}}) + "\n")
+    return path
+
+
+def test_unknown_benchmark_lists_the_known_names(tmp_path):
+    proc = run_cli("--model", "smollm2", "--benchmarks", "gsm8k", "gsm9k", "--out", str(tmp_path / "g.jsonl"))
+    known = ", ".join(data.BENCHMARKS)
+    assert error_line(proc) == (f"{PREFIX}unknown benchmark(s) 'gsm9k' in --benchmarks; known: {known}, or paper "
+                                f"(= {' '.join(data.DEFAULT_BENCHMARKS)})")
+    assert "gsm8k" in known and not (tmp_path / "g.jsonl").exists()
+
+
+def test_missing_model_path(tmp_path, toy_data):
+    missing = tmp_path / "no_such_checkpoint"
+    proc = run_cli("--model", str(missing), "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"))
+    assert error_line(proc) == (f"{PREFIX}--model {str(missing)!r}: no such local folder or file, and neither a "
+                                "built-in name (smollm2) nor a Hugging Face hub id (owner/name)")
+    assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data):
+    """An owner/name that is not local passes the check and goes to transformers; offline, its (multi-line)
+    OSError becomes one line."""
+    proc = run_cli("--model", "no-such-owner/no-such-model", "--data", str(toy_data), "-k", "1", "--backend", "hf",
+                   "--out", str(tmp_path / "g.jsonl"), env={"HF_HUB_OFFLINE": "1"})
+    line = error_line(proc)
+    assert line.startswith(f"{PREFIX}cannot load --model 'no-such-owner/no-such-model': "), line
+    assert not (tmp_path / "g.jsonl").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--chunk", "-1"], "--chunk must be >= 1, got -1"),
+    (["--dtype", "bf16"], "--dtype 'bf16' is not a torch dtype; use auto, float32, bfloat16 or float16"),
+    (["--device", "gpu"], "--device 'gpu' is not a torch device; use auto, cpu, cuda or cuda:N"),
+])
+def test_option_errors(tmp_path, capsys, toy_data, extra, message):
+    args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"), *extra]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"{PREFIX}{message}\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_device_without_gpu(tmp_path, capsys, toy_data):
+    args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"),
+            "--device", "cuda", "--backend", "hf"]
+    assert main(args) == 2
+    message = "--device cuda but torch sees no CUDA GPU here; use --device cpu (or auto)"
+    assert capsys.readouterr().err == f"{PREFIX}{message}\n"
+
+
+def test_model_check(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with pytest.raises(ValueError, match="is a folder without config.json, not a Hugging Face checkpoint"):
+        check_model(str(ckpt))
+    (ckpt / "config.json").write_text("{}")
+    check_model(str(ckpt))  # a checkpoint folder
+    with pytest.raises(ValueError, match=r"--gguf-file 'm.gguf' is not a file in the --model folder"):
+        check_model(str(ckpt), "m.gguf")
+    (ckpt / "m.gguf").write_bytes(b"GGUF")
+    check_model(str(ckpt), "m.gguf")  # a GGUF inside a folder
+    check_model(str(ckpt / "m.gguf"))  # a GGUF file
+    with pytest.raises(ValueError, match="config.json is a file but not a .gguf"):
+        check_model(str(ckpt / "config.json"))
+    check_model("smollm2")
+    with pytest.raises(ValueError, match="--gguf-file does not apply to the built-in --model smollm2"):
+        check_model("smollm2", "m.gguf")
+    check_model("Qwen/Qwen2.5-Math-1.5B")  # a hub id: left to transformers / vLLM
+    for bad in ("smolm2", "./not_here", "/abs/not_here", "a/b/c", "owner/name.gguf"):
+        with pytest.raises(ValueError, match="no such local folder or file, and neither a built-in name"):
+            check_model(bad)
