@@ -40,6 +40,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import select
@@ -310,6 +312,16 @@ def _close_pool() -> None:
         _pool.close()
 
 
+def _check_timeout(timeout_s: Any) -> None:
+    """Refuse a ``timeout_s`` that would score every answer needing math-verify 0.0 (or never time out)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+        raise ValueError(
+            f"capo_verl.reward: timeout_s must be a finite number of seconds > 0 (0 or less would score every "
+            f"answer that needs math-verify 0.0), got {timeout_s!r}; set "
+            f"reward.custom_reward_function.reward_kwargs.timeout_s (default {DEFAULT_TIMEOUT_S:g})"
+        )
+
+
 def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
     """Is ``answer`` (or, when None, the end of ``solution_str``) mathematically equal to ``gold``?
 
@@ -321,8 +333,13 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
 
     Returns:
         ``(correct, shown)``: ``shown`` is the answer as graded (for logs: ``pred``).
+
+    Raises:
+        ValueError: ``timeout_s`` is not a finite number > 0.
+        RuntimeError: a math-verify worker process does not start (math-verify is not importable).
     """
     global _n_timeouts
+    _check_timeout(timeout_s)
     gold_n = normalize_answer(gold)
     if answer is not None:
         answer_n = normalize_answer(answer)
@@ -369,8 +386,9 @@ def compute_score(
         solution_str: the decoded response text.
         ground_truth: ``reward_model.ground_truth`` of the row: a string (or an int/float, e.g. AMC's 27.0).
         extra_info: the row's ``extra_info`` (unused).
-        timeout_s: the most seconds to wait for math-verify (set it with
-            ``reward.custom_reward_function.reward_kwargs.timeout_s``).
+        timeout_s: the most seconds to wait for math-verify, a finite number > 0 (set it with
+            ``reward.custom_reward_function.reward_kwargs.timeout_s``; verl passes ``reward_kwargs`` as
+            keyword arguments).
         **kwargs: anything else verl passes (ignored).
 
     Returns:
@@ -378,23 +396,47 @@ def compute_score(
         answer ("" if none was found). Always these three keys, so verl's per-sample lists stay aligned.
 
     Raises:
-        ValueError: ``ground_truth`` is empty or None (a data error: fix ``reward_model.ground_truth``).
+        ValueError: ``ground_truth`` is None, an empty string, NaN or the string ``"nan"`` (a data error: a
+            missing value in the data file's ``reward_model.ground_truth``; the message names ``data_source``),
+            or ``timeout_s`` is not a finite number > 0 (checked on every call, also when no math-verify runs).
         TypeError: ``ground_truth`` is not a string or a number (e.g. a list: prepare the data with
             ``capo-verl prepare-data``, which writes one string per problem).
+        RuntimeError: a math-verify worker process does not start (math-verify is not importable).
     """
-    if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):
+    _check_timeout(timeout_s)
+    if ground_truth is None:
+        raise ValueError(
+            f"capo_verl.reward.compute_score: reward_model.ground_truth is missing (None) for "
+            f"data_source={data_source!r}; every row needs its gold answer: check the ground_truth values of that "
+            "data source in the data file (capo-verl prepare-data writes one string per row)"
+        )
+    if isinstance(ground_truth, str) and not ground_truth.strip():
         raise ValueError(
             f"capo_verl.reward.compute_score: empty reward_model.ground_truth for data_source={data_source!r}; "
             "every row needs its gold answer (see capo-verl prepare-data)"
         )
-    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+    if isinstance(ground_truth, str) and ground_truth.strip().lower() == "nan":
+        raise ValueError(
+            f"capo_verl.reward.compute_score: reward_model.ground_truth is the string {ground_truth!r} for "
+            f"data_source={data_source!r}: a missing value written as text (e.g. pandas astype(str) of a NaN); check "
+            "the ground_truth column of the data file"
+        )
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, numbers.Real)):
         raise TypeError(
             f"capo_verl.reward.compute_score: reward_model.ground_truth must be a string (or a number), got "
             f"{type(ground_truth).__name__} {ground_truth!r} for data_source={data_source!r}; write one string "
             "per problem (capo-verl prepare-data joins multi-part answers with ', ')"
         )
-    if isinstance(ground_truth, float) and ground_truth.is_integer():
-        ground_truth = int(ground_truth)
+    if isinstance(ground_truth, numbers.Real):  # numpy scalars included
+        if math.isnan(ground_truth):
+            raise ValueError(
+                f"capo_verl.reward.compute_score: reward_model.ground_truth is NaN for data_source={data_source!r}: "
+                "a missing value in a numeric ground_truth column of the parquet file; check that column (every "
+                "row needs its gold answer; capo-verl prepare-data writes strings)"
+            )
+        as_float = float(ground_truth)
+        if isinstance(ground_truth, numbers.Integral) or (math.isfinite(as_float) and as_float.is_integer()):
+            ground_truth = int(ground_truth)
     answer, _how = extract_answer(solution_str or "")
     correct, shown = grade(str(ground_truth), answer, solution_str or "", timeout_s=timeout_s)
     value = 1.0 if correct else 0.0

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from capo_verl import reward
@@ -156,12 +157,53 @@ def test_extraction_helpers():
 
 
 def test_bad_ground_truth_is_a_clear_error():
-    with pytest.raises(ValueError, match="empty reward_model.ground_truth"):
+    with pytest.raises(ValueError, match="empty reward_model.ground_truth for data_source='x'"):
         compute_score("x", "\\boxed{1}", "  ")
-    with pytest.raises(ValueError, match="empty reward_model.ground_truth"):
+    with pytest.raises(ValueError, match=r"reward_model.ground_truth is missing \(None\) for data_source='x'; every "
+                                         "row needs its gold answer: check the ground_truth values"):
         compute_score("x", "\\boxed{1}", None)
+    with pytest.raises(ValueError, match="ground_truth is the string 'NaN' for data_source='x': a missing value "
+                                         "written as text"):
+        compute_score("x", "\\boxed{1}", "NaN")
     with pytest.raises(TypeError, match="must be a string"):
         compute_score("x", "\\boxed{1}", ["1", "2"])
+    with pytest.raises(TypeError, match="must be a string"):
+        compute_score("x", "\\boxed{1}", True)
+
+
+def test_nan_ground_truth_from_a_numeric_parquet_column(tmp_path):
+    """AMC-style numeric answers with one missing value: pandas stores NaN in the float column. The row with an
+    answer scores normally (27.0 -> "27"); the missing one is an error naming the data source and the column."""
+    import pandas as pd
+
+    pd.DataFrame({"data_source": ["amc23", "amc23"], "ground_truth": [27.0, None]}).to_parquet(tmp_path / "d.parquet")
+    rows = pd.read_parquet(tmp_path / "d.parquet").to_dict("records")
+    assert compute_score(rows[0]["data_source"], "\\boxed{27}", rows[0]["ground_truth"]) == {
+        "score": 1.0, "acc": 1.0, "pred": "27"}
+    with pytest.raises(ValueError, match="reward_model.ground_truth is NaN for data_source='amc23': a missing value "
+                                         "in a numeric ground_truth column of the parquet file; check that column"):
+        compute_score(rows[1]["data_source"], "\\boxed{27}", rows[1]["ground_truth"])
+
+
+def test_numpy_number_ground_truth():
+    """Numbers straight from numpy arrays grade like python numbers (np.int64 is not an int subclass)."""
+    assert compute_score("x", "\\boxed{27}", np.int64(27)) == {"score": 1.0, "acc": 1.0, "pred": "27"}
+    assert compute_score("x", "\\boxed{27}", np.float32(27.0))["score"] == 1.0
+    assert compute_score("x", "\\boxed{\\frac{5}{2}}", np.float64(2.5))["score"] == 1.0
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("inf"), float("nan"), "10", None, True])
+def test_bad_timeout_is_refused_on_every_call(timeout_s):
+    """timeout_s <= 0 used to be accepted and then scored every answer needing math-verify 0.0 (0.5 vs 1/2 here);
+    it is refused on every call, also for an answer that equals the gold as a string."""
+    message = (r"capo_verl.reward: timeout_s must be a finite number of seconds > 0 \(0 or less would score every "
+               r"answer that needs math-verify 0.0\), got .*; set "
+               r"reward.custom_reward_function.reward_kwargs.timeout_s \(default 10\)")
+    for response, gold in (("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{3}", "3")):
+        with pytest.raises(ValueError, match=message):
+            compute_score("x", response, gold, timeout_s=timeout_s)
+    with pytest.raises(ValueError, match="timeout_s must be a finite number"):
+        reward.grade("3", "3", "", timeout_s=timeout_s)
 
 
 # --- threads and time bound -----------------------------------------------------------------------------
