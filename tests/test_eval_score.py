@@ -267,11 +267,28 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         assert m[key]["mean_acc"] == f[key]["mean_acc"]
     assert n_mixed_total >= 1  # the real file has questions with both outcomes, so AUC is exercised
 
-    report = (out / "report.md").read_text()
-    for needle in ("## gsm8k", "## math500", "## all", "| metric | smollm2 | flipped |", "AUC-mean",
-                   "ITS accuracy, perplexity consistency", "precision @ coverage 0.1", "smollm2_cpu",
-                   "![precision_coverage](precision_coverage.png)"):
-        assert needle in report, needle
+    # report.md: one table per data source and all, the runs as columns, showing the values of metrics.json
+    blocks = dict(block.split("\n", 1) for block in (out / "report.md").read_text().split("\n## ")[1:])
+    sections = {title: {cells[0]: cells[1:] for line in body.splitlines() if line.startswith("| ")
+                        for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
+                for title, body in blocks.items()}
+    def shown(x, pct=True):  # how the report prints a value of metrics.json (null: undefined)
+        return "–" if x is None else f"{100 * x:.1f}" if pct else f"{x:.3f}"
+
+    assert {"gsm8k", "math500", "all"} <= set(sections)
+    for key in ("gsm8k", "math500", "all"):
+        table = sections[key]
+        assert table["metric"] == ["smollm2", "flipped"]
+        assert table["AUC-mean"] == [shown(r[key]["auc_mean"], pct=False) for r in (m, f)]
+        assert table["mean@k accuracy (%)"] == [shown(r[key]["mean_acc"]) for r in (m, f)]
+        assert table["ITS accuracy, perplexity consistency (%)"] == [
+            shown(r[key]["its_accuracy"]["ppl_consistency"]) for r in (m, f)]
+        assert table["precision @ coverage 0.1 (%)"] == [
+            shown(r[key]["precision_coverage"]["precision"][0]) for r in (m, f)]
+    assert sections["math500"]["AUC-mean"] == ["–", "–"]  # no question with both outcomes there
+    assert sections["Runs"]["smollm2"][0] == f"`{REAL}`"  # the file each column comes from
+    assert blocks["Plots"].split() == ["![precision_coverage](precision_coverage.png)",
+                                       "![accuracy_vs_auc](accuracy_vs_auc.png)"]
 
     import matplotlib.image as mpimg
 
