@@ -108,6 +108,8 @@ GOOD = rec("A", 0, "1", True, -0.5)
     ({"lpm": None}, r"lpm is null \(NoneType\); expected a number"),
     ({"lpm": float("nan")}, r"lpm is nan; every response needs a finite mean log-prob"),
     ({"lpm": float("-inf")}, r"lpm is -inf; every response needs a finite mean log-prob"),
+    ({"lpm": -10 ** 400}, r"lpm is -10{400}; every response needs a finite mean log-prob"),  # beyond float range
+    ({"question_id": float("nan")}, r"question_id is NaN \(float\); expected a string or a finite number"),
     ({"lpm": 0.5}, r"lpm is 0.5, but a mean token log-prob is <= 0 nats \(up to 1e-06 is accepted as float rounding"),
     ({"lpm": 2e-6}, r"lpm is 2e-06, but a mean token log-prob is <= 0 nats"),
     ({"num_tokens": -1}, r"num_tokens is -1 \(int\); expected an integer >= 0"),

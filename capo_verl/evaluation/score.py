@@ -70,7 +70,7 @@ def _check_line(rec: dict, where: str) -> None:
     if not isinstance(rec["data_source"], str) or not rec["data_source"]:
         raise bad("data_source", "a non-empty string")
     qid = rec["question_id"]
-    if not (isinstance(qid, str) or (_is_number(qid) and math.isfinite(qid))):
+    if not (isinstance(qid, str) or _is_number(qid) and (isinstance(qid, int) or math.isfinite(qid))):
         raise bad("question_id", "a string or a finite number")
     idx = rec["sample_index"]
     if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
@@ -84,10 +84,14 @@ def _check_line(rec: dict, where: str) -> None:
     lpm = rec["lpm"]
     if not _is_number(lpm):
         raise bad("lpm", "a number, the response's mean token log-prob in nats")
-    if not math.isfinite(lpm):
+    try:
+        value = float(lpm)
+    except OverflowError:  # an int beyond float range
+        value = math.inf
+    if not math.isfinite(value):
         raise ValueError(f"{where}: lpm is {lpm!r}; every response needs a finite mean log-prob "
                          "(regenerate it, or drop that line)")
-    if lpm > LPM_TOLERANCE:
+    if value > LPM_TOLERANCE:
         raise ValueError(f"{where}: lpm is {lpm!r}, but a mean token log-prob is <= 0 nats (up to {LPM_TOLERANCE:g} "
                          "is accepted as float rounding); is it a negated log-prob or a probability?")
     n = rec["num_tokens"]
@@ -343,7 +347,8 @@ def write_report(results: Mapping[str, dict], files: Mapping[str, str], metas: M
              "share credit). Precision @ coverage: responses pooled and ranked by lpm, precision of the most "
              "confident fraction (paper Figure 4). `all` pools every question of a run.", "",
              "## Runs", "",
-             "| run | file | model | backend | k | temperature | top_p | max new tokens | seed | generation wall time |",
+             "| run | file | model | backend | k | temperature | top_p | max new tokens | seed "
+             "| generation wall time |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for label in labels:
         m = metas.get(label, {})
