@@ -196,6 +196,14 @@ def test_nothing_written_on_a_bad_file(tmp_path):
         S.score_runs({"good": good}, tmp_path / "file", plots=False)
 
 
+def test_cli_out_that_cannot_be_created(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    good = write(tmp_path / "good.jsonl", [GOOD])
+    out = tmp_path / "file" / "report"
+    assert main(["score", str(good), "--out", str(out), "--no-plots"]) == 2
+    assert capsys.readouterr().err == f"capo-verl eval score: error: cannot read or write {out}: Not a directory\n"
+
+
 def test_cli_input_error_is_one_line_with_exit_code_2(tmp_path):
     """As a user runs it: a string "false" in `correct` stops the command with the file and line, no traceback."""
     path = write(tmp_path / "g.jsonl", [GOOD, {**GOOD, "question_id": 1, "correct": "false"}])

@@ -196,7 +196,13 @@ def _run_score(args) -> int:
     from capo_verl.evaluation import score as S
 
     runs = S.parse_labelled([*args.files, *args.generations])
-    results = S.score_runs(runs, args.out, plots=not args.no_plots)
+    try:
+        results = S.score_runs(runs, args.out, plots=not args.no_plots)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # an unreadable file, an --out that cannot be created or written ...
+        where = f"cannot read or write {e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+        raise ValueError(where) from e
     for label, r in results.items():
         a = r["all"]
         its = ", ".join(f"{k} {100 * v:.1f}%" for k, v in a["its_accuracy"].items())
