@@ -1,20 +1,28 @@
-"""``capo-verl compare``: the bootstrap against hand computations, the report on synthetic logs, and a CI-sized
-run (tiny random model, 2 steps x 2 methods) through verl's trainer, the held-out evaluation and the report."""
+"""``capo-verl compare`` in-process: the bootstrap against hand computations, every method's config through verl's
+checks, the config lookup from outside a checkout, and the rules of the output folder. Nothing here trains; the
+command line is tested in tests/test_compare_cli.py, a real (slow) run in tests/test_compare_e2e.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from capo_verl import compare
-from capo_verl.compare import METHODS, ValidationPass, bootstrap_ci, paired_difference, pass_summary
-from capo_verl.models import tiny_model_checkpoint
+from capo_verl.compare import (
+    METHODS,
+    RUN_MARKER,
+    UsageError,
+    ValidationPass,
+    bootstrap_ci,
+    config,
+    paired_difference,
+    pass_summary,
+    run_method,
+)
+from capo_verl.compare.outdir import check_method_dir, differences, require_same
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +38,8 @@ def test_bootstrap_ci_matches_a_hand_computation():
     # a constant statistic has a zero-width interval; an always-undefined one gives NaN
     assert bootstrap_ci(lambda i: 0.5, 5, n_boot=50) == (0.5, 0.5)
     assert all(np.isnan(bootstrap_ci(lambda i: float("nan"), 5, n_boot=50)))
+    with pytest.raises(ValueError, match="n_boot must be >= 1"):
+        bootstrap_ci(lambda i: 0.5, 5, n_boot=0)
 
 
 def _pass(step, lpms, corrects):
@@ -59,76 +69,90 @@ def test_paired_difference_uses_the_same_questions_for_both():
         paired_difference(a, ValidationPass(4, ["other"], [np.zeros(2)], [np.array([True, False])]))
 
 
-def test_every_method_maps_to_overrides_that_compose_on_the_base_config():
+@pytest.mark.filterwarnings("ignore:Disabled critic")
+def test_every_method_passes_verls_checks_on_the_default_config():
     from omegaconf import OmegaConf
 
-    for name, method in METHODS.items():
-        assert all(o.startswith("++") for o in method.overrides), name
-    cfg = compare._composed(compare.DEFAULT_CONFIG, compare.CONFIG_DIR, list(METHODS["grpo"].overrides))
-    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.norm_adv_by_std_in_grpo is False
-    cfg = compare._composed(compare.DEFAULT_CONFIG, compare.CONFIG_DIR, list(METHODS["gspo"].overrides))
-    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
-    cfg = compare._composed(compare.DEFAULT_CONFIG, compare.CONFIG_DIR, list(METHODS["capo_no_mask"].overrides))
-    assert OmegaConf.select(cfg, "algorithm.capo.use_mask") is False
+    config_dir = config.find_config_dir(config.DEFAULT_CONFIG)
+    composed = {name: config.checked_config(name, config.DEFAULT_CONFIG, config_dir, list(method.overrides))
+                for name, method in METHODS.items()}
+    assert composed["grpo"].algorithm.adv_estimator == "grpo"
+    assert composed["grpo"].algorithm.norm_adv_by_std_in_grpo is False
+    assert composed["gspo"].actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
+    assert composed["simko"].actor_rollout_ref.actor.policy_loss.loss_mode == "simko"
+    assert OmegaConf.select(composed["capo_no_mask"], "algorithm.capo.use_mask") is False
     # the validation the comparison needs: >= 64 problems x 8 samples, sampled at temperature 1
-    val = cfg.actor_rollout_ref.rollout.val_kwargs
-    assert val.n >= 8 and val.do_sample and val.temperature == 1.0
+    val = composed["capo"].actor_rollout_ref.rollout.val_kwargs
+    assert val.n >= config.MIN_VAL_SAMPLES and val.do_sample and val.temperature == 1.0
+    # what a method's run would be refused for, before it trains
+    with pytest.raises(UsageError, match=r"^grpo: trainer.total_training_steps must be >= 1 \(got 0\)$"):
+        config.checked_config("grpo", config.DEFAULT_CONFIG, config_dir, ["trainer.total_training_steps=0"])
+    with pytest.raises(UsageError, match="grpo: the overrides do not give a valid verl config: .*trainer.no_such_key"):
+        config.checked_config("grpo", config.DEFAULT_CONFIG, config_dir, ["trainer.no_such_key=1"])
 
 
-REWARD_SOURCE = '''
-def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """1.0 for responses whose characters' code points sum to an even number: half of random text."""
-    return float(sum(map(ord, solution_str)) % 2 == 0)
-'''
+def test_the_default_config_ships_inside_the_package():
+    """The default config and what it extends lie under the package (package data), not only in a checkout."""
+    package = Path(config.__file__).resolve().parent
+    assert config.CONFIG_DIR == package / "configs"
+    found = config.find_config_dir(config.DEFAULT_CONFIG)
+    assert (found / "compare_smollm2_135m_cpu.yaml").is_file() and (found / "cpu_base.yaml").is_file()
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"capo_verl.compare" = ["configs/*.yaml"]' in pyproject
 
 
-@pytest.mark.timeout(900)
-def test_compare_cli_two_methods_two_steps_tiny_model(tmp_path):
-    """CI-sized `capo-verl compare`: grpo and capo, 2 steps each, tiny random model; logs, plots, summary, eval."""
-    model = tiny_model_checkpoint(tmp_path / "tiny_qwen2", init_std=0.5, seed=0)
-    reward = tmp_path / "parity_reward.py"
-    reward.write_text(REWARD_SOURCE)
-    out = tmp_path / "cmp"
-    cmd = [
-        sys.executable, "-m", "capo_verl.cli", "compare", "--methods", "grpo", "capo", "--steps", "2",
-        "--out", str(out), "--data-dir", str(tmp_path / "data"), "--eval-k", "2", "--n-boot", "200",
-        f"actor_rollout_ref.model.path={model}",
-        f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=parity_reward",
-        "data.max_response_length=16", "trainer.test_freq=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "algorithm.capo.ref_high=1e6", "algorithm.capo.ref_low=1.0",
-    ]
-    env = dict(os.environ, RAY_DEDUP_LOGS="0")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=880)
-    logs = "\n".join(p.read_text()[-3000:] for p in out.glob("*/train.log"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
+def test_config_lookup_outside_a_checkout_finds_the_config_or_names_the_flags(tmp_path, monkeypatch):
+    # an installation whose configs/ is missing: a clear error naming --config-dir and --config
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path / "site-packages" / "capo_verl" / "compare" / "configs")
+    with pytest.raises(UsageError, match=r"config 'compare_smollm2_135m_cpu' not found .*--config-dir DIR.*--config"):
+        config.find_config_dir(config.DEFAULT_CONFIG)
+    with pytest.raises(UsageError, match="not found in --config-dir"):
+        config.find_config_dir(config.DEFAULT_CONFIG, tmp_path)
+    # an installation with its package data: found there
+    shipped = tmp_path / "site-packages" / "capo_verl" / "compare" / "configs"
+    shipped.mkdir(parents=True)
+    for name in ("compare_smollm2_135m_cpu.yaml", "cpu_base.yaml"):
+        shutil.copy(REPO / "configs" / name, shipped / name)
+    assert config.find_config_dir(config.DEFAULT_CONFIG) == shipped.resolve()
 
-    for m in ("grpo", "capo"):
-        steps = compare.read_metrics(out / m / "metrics.jsonl")
-        assert {1, 2} <= set(steps), sorted(steps)
-        # capo/* calibration metrics for both methods; the mask only for capo
-        assert "capo/mixed_group_frac" in steps[1] and "capo/lpm_correct_mean" in steps[1]
-        assert ("capo/mask_frac_correct" in steps[1]) == (m == "capo")
-        assert json.loads((out / m / "done.json").read_text())["method"] == m
-        passes = compare.validation_passes(out / m)
-        assert [p.step for p in passes] == [0, 2]
-        assert len(passes[0].questions) == 64 and all(len(c) == 8 for c in passes[0].correct)
-        assert (out / m / "eval_generations.jsonl").exists()
-    summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["methods"]) == {"grpo", "capo"}
-    assert "capo - grpo" in summary["differences"]
-    for name in ("val_auc_mean.png", "val_accuracy.png", "train_auc_mean.png", "entropy.png"):
-        assert (out / name).stat().st_size > 5000, name
-    md = (out / "summary.md").read_text()
-    assert "| capo | 2 |" in md and "capo - grpo" in md
-    assert (out / "eval_report" / "metrics.json").exists() and "Held-out evaluation" in md
 
-    # resume: both runs are done, so nothing is trained again; --plot-only redraws from the logs
-    again = subprocess.run(cmd + ["--no-eval"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("not trained again") == 2
-    (out / "entropy.png").unlink()
-    plot = subprocess.run([sys.executable, "-m", "capo_verl.cli", "compare", "--plot-only", "--out", str(out),
-                           "--methods", "grpo", "capo"], capture_output=True, text=True, timeout=300)
-    assert plot.returncode == 0, plot.stderr[-3000:]
-    assert (out / "entropy.png").exists()
+def test_differences_name_nested_keys_and_absent_ones():
+    old = {"config": "a", "composed": {"trainer": {"steps": 3, "freq": 1}}, "overrides": ["x=1"]}
+    new = {"config": "a", "composed": {"trainer": {"steps": 4}, "data": {"n": 1}}, "overrides": ["x=1"]}
+    assert differences(old, new) == [("composed.data", "<absent>", {"n": 1}),
+                                     ("composed.trainer.freq", 1, "<absent>"), ("composed.trainer.steps", 3, 4)]
+    assert differences(old, old) == []
+    require_same(old, json.loads(json.dumps(old)), "same")
+    with pytest.raises(UsageError, match=r"^x with other settings \(recorded -> now\): composed.data: .*"
+                                         r"composed.trainer.steps: 3 -> 4; use another --out$"):
+        require_same(old, new, "x with")
+
+
+def test_method_folders_compare_did_not_make_are_never_deleted(tmp_path):
+    settings = {"config": "c", "method": "grpo"}
+    assert check_method_dir(tmp_path / "grpo", settings, None) == "new"
+    # a folder of the user's with the method's name: refused, and run_method does not touch it either
+    user = tmp_path / "grpo"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not made by capo-verl compare"):
+        check_method_dir(user, settings, None)
+    with pytest.raises(RuntimeError, match="not made by capo-verl compare"):
+        run_method("grpo", tmp_path, "c", tmp_path, [], settings=settings)
+    assert (user / "notes.txt").read_text() == "mine" and sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    # an unfinished run compare made: may be trained again
+    (user / RUN_MARKER).write_text(json.dumps({"method": "grpo", "settings": settings}))
+    assert check_method_dir(user, settings, None) == "retrain"
+    # finished: reused with the same settings only; the evaluation's k must match too
+    (user / "done.json").write_text(json.dumps({"method": "grpo", "settings": settings}))
+    assert check_method_dir(user, settings, 8) == "done"
+    with pytest.raises(UsageError, match=r"method: 'grpo' -> 'capo'"):
+        check_method_dir(user, {**settings, "method": "capo"}, None)
+    (user / "eval_done").write_text(json.dumps({"k": 4}))
+    with pytest.raises(UsageError, match=r"eval_k: 4 -> 8; use --eval-k 4"):
+        check_method_dir(user, settings, 8)
+    assert check_method_dir(user, settings, None) == "done"
+    # finished under an older compare that recorded no settings: cannot be checked, so refused
+    (user / "done.json").write_text(json.dumps({"method": "grpo", "wall_s": 1.0, "command": "..."}))
+    with pytest.raises(UsageError, match="did not record its settings"):
+        check_method_dir(user, settings, None)

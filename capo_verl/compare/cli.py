@@ -1,0 +1,203 @@
+"""``capo-verl compare`` (also ``python -m capo_verl.compare``): the command line.
+
+Everything that can be checked is checked before anything is written or trained (:func:`make_plan`, then
+:func:`capo_verl.compare.outdir.prepare_out`); a refusal is one line on stderr and exit code 2. A failed training
+or evaluation exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from capo_verl.compare.config import (
+    DEFAULT_CONFIG,
+    MIN_VAL_QUESTIONS,
+    MIN_VAL_SAMPLES,
+    UsageError,
+    as_record,
+    checked_config,
+    find_config_dir,
+)
+from capo_verl.compare.methods import METHODS
+from capo_verl.compare.outdir import prepare_out
+from capo_verl.compare.report import write_report
+from capo_verl.compare.running import evaluate, run_method
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block: main() prints it and exits 2
+        raise UsageError(message)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; its ``error()`` raises :class:`UsageError` instead of exiting."""
+    p = _Parser(
+        prog="capo-verl compare",
+        description="Train several methods with verl's trainer under identical settings and compare their "
+        "calibration (validation AUC-mean, accuracy, training AUC-mean, entropy) with bootstrap intervals.",
+        epilog="methods: " + "; ".join(f"{k}: {v.description}" for k, v in METHODS.items()),
+    )
+    p.add_argument("--methods", nargs="+", default=["grpo", "capo"], choices=sorted(METHODS),
+                   help="methods to train, in order; differences are reported against the first (default: grpo capo)")
+    p.add_argument("--out", required=True,
+                   help="output folder (one sub-folder per method, summary, figures); compare marks a folder it "
+                   "makes with .capo-verl-compare.json and refuses a non-empty folder without it")
+    p.add_argument("--reuse-out", action="store_true",
+                   help="write into a non-empty --out that compare did not make (nothing there is deleted; refused "
+                   "if it holds a file compare would overwrite or a method folder compare did not make)")
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help=f"config name in --config-dir (default {DEFAULT_CONFIG}); with another config, give "
+                   "data.train_files / data.val_files (and actor_rollout_ref.model.path) as overrides")
+    p.add_argument("--config-dir", default=None,
+                   help="folder of the config (default: the configs shipped with capo-verl, a checkout's configs/)")
+    p.add_argument("--steps", type=_at_least_one, default=None,
+                   help="trainer.total_training_steps, >= 1 (default: the config's)")
+    p.add_argument("--data-dir", default=None,
+                   help="where the default config's data is written (default ~/data/capo/compare)")
+    p.add_argument("--plot-only", action="store_true", help="only redraw figures and summary from existing logs")
+    p.add_argument("--no-eval", action="store_true", help="skip `capo-verl eval` of the final checkpoints")
+    p.add_argument("--eval-k", type=_at_least_one, default=8,
+                   help="samples per held-out problem in the evaluation (default 8)")
+    p.add_argument("--n-boot", type=_at_least_one, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
+    return p
+
+
+@dataclass
+class Plan:
+    """A comparison, checked before anything is written or trained.
+
+    Attributes:
+        config_dir: the folder of the config (resolved).
+        overrides: Hydra overrides every method shares (the default config's data and model paths first).
+        data_dir: where the default config's data is written; None for another config (no held-out evaluation).
+        default_model: the model is the SmolLM2 checkpoint, converted on first use.
+        settings: what every method shares, recorded in the output folder's marker.
+        method_settings: per method, everything that determines its run, recorded in its ``done.json``.
+        max_new_tokens: ``data.max_response_length``, for the held-out evaluation.
+    """
+
+    config_dir: Path
+    overrides: list[str]
+    data_dir: Path | None
+    default_model: bool
+    settings: dict
+    method_settings: dict[str, dict]
+    max_new_tokens: int
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Check the arguments and compose every method's config (verl's checks included); writes nothing.
+
+    Raises:
+        UsageError: a method listed twice, no such config, or a method's config that does not compose or that
+            verl's checks refuse (see :func:`capo_verl.compare.config.checked_config`).
+    """
+    repeated = sorted({m for m in args.methods if args.methods.count(m) > 1})
+    if repeated:
+        raise UsageError(f"--methods lists {', '.join(repeated)} more than once")
+    config_dir = find_config_dir(args.config, args.config_dir)
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"++trainer.total_training_steps={args.steps}")
+    data_dir, default_model = None, False
+    if args.config == DEFAULT_CONFIG:
+        from capo_verl.models import SMOLLM2_NAME, cache_dir
+
+        data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / "compare").expanduser().resolve()
+        defaults = [f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
+                    f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}"]
+        if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
+            defaults.append(f"actor_rollout_ref.model.path={cache_dir() / SMOLLM2_NAME}")
+            default_model = True
+        overrides = defaults + overrides
+
+    base = checked_config("the shared config", args.config, config_dir, overrides, validate=False)
+    settings = {"config": args.config, "overrides": overrides, "composed": as_record(base)}
+    method_settings = {}
+    for m in args.methods:
+        own = list(METHODS[m].overrides)
+        cfg = checked_config(f"method {m}", args.config, config_dir, own + overrides)
+        method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
+    val_n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
+    if val_n < MIN_VAL_SAMPLES:
+        print(f"[compare] warning: actor_rollout_ref.rollout.val_kwargs.n={val_n} < {MIN_VAL_SAMPLES}: "
+              "few samples per question for a per-question AUC", flush=True)
+    return Plan(config_dir, overrides, data_dir, default_model, settings, method_settings,
+                int(base.data.max_response_length))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``capo-verl compare``; returns the exit code: 0, 1 (a training or evaluation failed), 2 (refused)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+        out = Path(args.out).expanduser().resolve()
+        if args.plot_only:
+            return _plot_only(out, args)
+        plan = make_plan(args)
+        evaluated = not args.no_eval and plan.data_dir is not None
+        prepare_out(out, plan.settings, plan.method_settings, eval_k=args.eval_k if evaluated else None,
+                    reuse=args.reuse_out)
+    except UsageError as exc:
+        print(f"capo-verl compare: error: {exc}", file=sys.stderr)
+        return 2
+
+    (out / "compare.json").write_text(json.dumps(
+        {"argv": argv, "methods": args.methods, "config": args.config, "config_dir": str(plan.config_dir),
+         "overrides": plan.overrides}, indent=2))
+    try:
+        eval_data = None
+        if plan.data_dir is not None:
+            from capo_verl.models import write_gsm8k_calc_parquet
+
+            write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=MIN_VAL_QUESTIONS, n_test=64, seed=0)
+            eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
+        if plan.default_model:
+            from capo_verl.models import smollm2_checkpoint
+
+            smollm2_checkpoint()  # converted on first use, into the folder the overrides name
+        for m in args.methods:
+            run_method(m, out, args.config, plan.config_dir, plan.overrides, settings=plan.method_settings[m])
+        if evaluated:
+            report = evaluate(out, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens)
+            print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
+        elif not args.no_eval:
+            print("[compare] no held-out evaluation set for a custom --config: skipping `capo-verl eval`", flush=True)
+    except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:
+        print(f"capo-verl compare: {exc}", file=sys.stderr)
+        return 1
+    write_report(out, args.methods, n_boot=args.n_boot)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+def _plot_only(out: Path, args: argparse.Namespace) -> int:
+    """Redraw the report of existing runs (any folder: only the report's files are written).
+
+    Raises:
+        UsageError: ``out`` or a method's logs are missing.
+    """
+    if not out.is_dir():
+        raise UsageError(f"--plot-only: --out {out} is not a folder")
+    try:
+        write_report(out, args.methods, n_boot=args.n_boot)
+    except FileNotFoundError as exc:
+        raise UsageError(f"--plot-only: {exc}") from exc
+    print((out / "summary.md").read_text())
+    return 0

@@ -1,0 +1,131 @@
+"""Running ``capo-verl compare``'s child processes: verl's trainer for each method, then ``capo-verl eval`` on the
+final checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from capo_verl.compare.methods import METHODS
+from capo_verl.compare.outdir import RUN_MARKER
+
+
+def train_env(metrics_path: Path) -> dict[str, str]:
+    """Environment of a ``verl.trainer.main_ppo`` child process: this one's, plus verl's file logger writing to
+    ``metrics_path``, CPU thread counts (``OMP_NUM_THREADS``, ``TQ_NUM_THREADS``) unless already set, and full
+    Hydra errors."""
+    import psutil
+
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    env.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(VERL_FILE_LOGGER_PATH=str(metrics_path), HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
+    paths, then ``overrides`` (shared by every method)."""
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"--config-path={config_dir}", f"--config-name={config_name}",
+        *METHODS[method].overrides,
+        f"++trainer.experiment_name={method}",
+        "++trainer.logger=[console,file]",
+        f"++trainer.default_local_dir={run_dir / 'ckpt'}",
+        f"++trainer.validation_data_dir={run_dir / 'val_generations'}",
+        *overrides,
+    ]
+
+
+def run_method(method: str, out: Path, config_name: str, config_dir: Path, overrides: list[str], *,
+               settings: dict) -> Path:
+    """Train one method in ``<out>/<method>``; returns that folder.
+
+    A folder with ``done.json`` is reused as it is (its settings are checked by
+    :func:`capo_verl.compare.outdir.check_method_dir` beforehand); an unfinished one that compare made (it holds
+    ``.capo-verl-run.json``) is deleted and trained again, so every method runs the same steps. ``settings`` are
+    recorded in ``.capo-verl-run.json`` and ``done.json``.
+
+    Raises:
+        RuntimeError: the folder exists unfinished and compare did not make it (it is left untouched), or verl's
+            trainer exited non-zero (the log's path and last lines are in the message).
+    """
+    run_dir = out / method
+    done = run_dir / "done.json"
+    if done.exists():
+        print(f"[compare] {method}: finished earlier ({done}), not trained again", flush=True)
+        return run_dir
+    if run_dir.exists():
+        if not (run_dir / RUN_MARKER).is_file():
+            raise RuntimeError(f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}): not touched")
+        print(f"[compare] {method}: an unfinished run in {run_dir}: deleted, trained again", flush=True)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}, indent=1) + "\n")
+    cmd = train_command(method, config_name, config_dir, run_dir, overrides)
+    log_path = run_dir / "train.log"
+    print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=run_dir, env=train_env(run_dir / "metrics.jsonl"), stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"{method}: verl's trainer exited with {proc.returncode} after {wall:.0f} s; "
+                           f"log {log_path}; last lines:\n{tail}")
+    record = {"method": method, "wall_s": wall, "command": shlex.join(cmd), "settings": settings}
+    done.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"[compare] {method}: done in {wall / 60:.1f} min", flush=True)
+    return run_dir
+
+
+def final_hf_checkpoint(run_dir: Path) -> Path:
+    """``<run>/ckpt/global_step_<last>/actor/huggingface`` (needs ``checkpoint.save_contents`` with hf_model).
+
+    Raises:
+        FileNotFoundError: no checkpoint with Hugging Face weights.
+    """
+    steps = sorted((run_dir / "ckpt").glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    for step in reversed(steps):
+        hf = step / "actor" / "huggingface"
+        if any(hf.glob("*.safetensors")):
+            return hf
+    raise FileNotFoundError(
+        f"{run_dir / 'ckpt'}: no checkpoint with Hugging Face weights; set "
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model] and trainer.save_freq (or --no-eval)"
+    )
+
+
+def evaluate(out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_tokens: int) -> Path:
+    """``capo-verl eval generate`` on every method's final checkpoint (unless its ``eval_done`` exists), then
+    ``capo-verl eval score`` on all of them together (``<out>/eval_report``); returns the report folder.
+
+    Raises:
+        FileNotFoundError: a method has no final checkpoint with Hugging Face weights.
+        subprocess.CalledProcessError: ``capo-verl eval`` failed.
+    """
+    files = []
+    for m in methods:
+        target = out / m / "eval_generations.jsonl"
+        if not (out / m / "eval_done").exists():
+            model = final_hf_checkpoint(out / m)
+            cmd = [sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", str(model),
+                   "--data", str(eval_data), "-k", str(k), "--max-new-tokens", str(max_new_tokens),
+                   "--temperature", "1.0", "--seed", "0", "--dtype", "bfloat16", "--no-progress", "--out", str(target)]
+            print(f"[compare] {m}: eval generate on {eval_data.name} (k={k})", flush=True)
+            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
+            (out / m / "eval_done").write_text(json.dumps({"k": k, "command": shlex.join(cmd)}, indent=1) + "\n")
+        files.append(f"{m}={target}")
+    report = out / "eval_report"
+    subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "score", "--generations", *files,
+                    "--out", str(report)], check=True, stdin=subprocess.DEVNULL)
+    return report

@@ -1,0 +1,228 @@
+"""``capo-verl compare`` through its command line, as a subprocess: refusals (exit 2, one line, before anything is
+written or trained), the output folder's safety, reuse of finished methods, ``--plot-only`` on the committed runs,
+and the config lookup of an installed wheel. No test here trains: finished runs are built from the committed logs
+(benchmarks/results/compare_cpu), and every command is killed if it runs longer than a check can take."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capo_verl.compare import MARKER, RUN_MARKER, build_parser, make_plan, paired_difference, prepare_out
+from capo_verl.compare.report import validation_passes
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "benchmarks" / "results" / "compare_cpu"
+CHECK_TIMEOUT_S = 240  # composing verl's config takes 10-30 s on 2 busy cores; training would take minutes
+
+pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")
+
+
+def run_cli(*args: str, cwd: Path, command: tuple[str, ...] = (sys.executable, "-m", "capo_verl.compare"),
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the command line; fail (killing its process group) if it runs long enough to be training."""
+    cmd = [*command, *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{cmd} ran past {CHECK_TIMEOUT_S} s: it should have stopped before training")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def refusal(proc: subprocess.CompletedProcess) -> str:
+    """The one-line refusal of a command that exited 2 (asserted), without its prefix."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capo-verl compare: error: "), proc.stderr[-3000:]
+    return lines[0].removeprefix("capo-verl compare: error: ")
+
+
+def snapshot(folder: Path) -> dict[str, tuple]:
+    """Every file and folder under ``folder`` with its content and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
+    """grpo and capo, 3 steps, no held-out evaluation; data under tmp_path; a model path that is never loaded."""
+    return ["--out", str(out), "--data-dir", str(tmp_path / "data"), "--methods", "grpo", "capo", "--steps", "3",
+            "--no-eval", *extra, f"actor_rollout_ref.model.path={tmp_path / 'model'}"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["--steps", "-1", "--no-eval"], "argument --steps: must be >= 1, got -1"),
+    (["--methods", "grpo", "grpo"], "--methods lists grpo more than once"),
+    (["--methods", "grpo", "nope"], "argument --methods: invalid choice: 'nope'"),
+    (["--n-boot", "0"], "argument --n-boot: must be >= 1, got 0"),
+    (["--eval-k", "0"], "argument --eval-k: must be >= 1, got 0"),
+    (["--config", "nope"], "config 'nope' not found in the configs shipped with capo-verl"),
+    (["trainer.no_such_key=1"], "the shared config: the overrides do not give a valid verl config: Could not "
+                                "override 'trainer.no_such_key'"),
+    (["algorithm.adv_estimator=nope"], "method grpo: the overrides do not give a valid verl config: Unknown "
+                                       "advantage estimator"),
+    (["trainer.total_training_steps=0"], "method grpo: trainer.total_training_steps must be >= 1 (got 0)"),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=false"], "method grpo: capo-verl compare needs sampled "
+                                                               "validation"),
+])
+def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, message):
+    out = tmp_path / "cmp"
+    proc = run_cli("--out", str(out), "--data-dir", str(tmp_path / "data"),
+                   f"actor_rollout_ref.model.path={tmp_path / 'model'}", *args, cwd=tmp_path)
+    assert message in refusal(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output folder, no data
+
+
+def test_the_capo_verl_console_script_runs_compare(tmp_path):
+    script = (str(Path(sys.executable).parent / "capo-verl"), "compare")
+    assert "argument --steps: must be >= 1, got 0" in refusal(
+        run_cli("--out", str(tmp_path / "cmp"), "--steps", "0", cwd=tmp_path, command=script))
+    helped = run_cli("--help", cwd=tmp_path, command=script)
+    assert helped.returncode == 0 and "--reuse-out" in helped.stdout and "--config-dir" in helped.stdout
+
+
+def test_a_folder_compare_did_not_make_is_refused_and_left_untouched(tmp_path):
+    user = tmp_path / "mine"
+    (user / "grpo").mkdir(parents=True)
+    (user / "notes.txt").write_text("my notes")
+    (user / "grpo" / "model.bin").write_bytes(b"\0" * 64)
+    before = snapshot(user)
+
+    message = refusal(run_cli(*base_args(tmp_path, user), cwd=tmp_path))
+    assert f"--out {user} is not empty and was not made by capo-verl compare (no {MARKER})" in message
+    assert "--reuse-out" in message
+    assert snapshot(user) == before
+
+    # --reuse-out adopts the folder, but never a method folder compare did not make: still refused, untouched
+    message = refusal(run_cli(*base_args(tmp_path, user, "--reuse-out"), cwd=tmp_path))
+    assert f"{user / 'grpo'} exists and was not made by capo-verl compare (no {RUN_MARKER})" in message
+    assert snapshot(user) == before  # not even the marker: nothing is written unless every check passes
+
+    # nor one holding a file compare would overwrite
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "summary.md").write_text("my summary")
+    message = refusal(run_cli(*base_args(tmp_path, tmp_path / "other", "--reuse-out"), cwd=tmp_path))
+    assert "already holds summary.md, which compare would overwrite" in message
+    assert (tmp_path / "other" / "summary.md").read_text() == "my summary"
+    assert not (tmp_path / "data").exists()
+
+
+def finished_runs(tmp_path: Path, out: Path, args: list[str]) -> dict:
+    """``out`` as compare leaves it after training grpo and capo with ``args``: marker, and per method the
+    committed logs with ``.capo-verl-run.json`` and ``done.json`` recording the settings. Returns the settings."""
+    plan = make_plan(build_parser().parse_args(args))
+    prepare_out(out, plan.settings, plan.method_settings, eval_k=None)
+    for method, settings in plan.method_settings.items():
+        run = out / method
+        shutil.copytree(COMMITTED / method, run, ignore=shutil.ignore_patterns("done.json", "eval_*"))
+        (run / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}))
+        (run / "done.json").write_text(json.dumps({"method": method, "wall_s": 60.0, "command": "python -m verl...",
+                                                   "settings": settings}))
+    return plan.method_settings
+
+
+def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path):
+    out = tmp_path / "cmp"
+    settings = finished_runs(tmp_path, out, base_args(tmp_path, out))
+    before = snapshot(out)
+
+    # other shared settings: refused, naming the differing keys, and nothing recorded over the old results
+    message = refusal(run_cli(*base_args(tmp_path, out, "--steps", "4"), cwd=tmp_path))
+    assert f"--out {out} was made by capo-verl compare with other settings (recorded -> now):" in message
+    assert "composed.trainer.total_training_steps: 3 -> 4" in message
+    assert snapshot(out) == before and not (out / "compare.json").exists()
+
+    # a finished method whose recorded settings differ from this run's (e.g. another version's METHODS entry)
+    done = out / "grpo" / "done.json"
+    record = json.loads(done.read_text())
+    record["settings"]["composed"]["algorithm"]["norm_adv_by_std_in_grpo"] = True
+    done.write_text(json.dumps(record))
+    message = refusal(run_cli(*base_args(tmp_path, out), cwd=tmp_path))
+    assert f"grpo: finished in {out / 'grpo'} with other settings" in message
+    assert "composed.algorithm.norm_adv_by_std_in_grpo: True -> False" in message
+    assert not (out / "compare.json").exists()
+    record["settings"] = settings["grpo"]
+    done.write_text(json.dumps(record))
+
+    # a held-out evaluation recorded with another k (checked before training; --no-eval skips it)
+    (out / "grpo" / "eval_done").write_text(json.dumps({"k": 4, "command": "..."}))
+    args = [a for a in base_args(tmp_path, out, "--eval-k", "8") if a != "--no-eval"]
+    assert "grpo: evaluated in" in (message := refusal(run_cli(*args, cwd=tmp_path)))
+    assert "eval_k: 4 -> 8; use --eval-k 4" in message
+
+    # the same settings: nothing trained again, the report drawn with the requested resamples
+    proc = run_cli(*base_args(tmp_path, out, "--n-boot", "300"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("not trained again") == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_boot"] == 300 and "capo - grpo" in summary["differences"]
+    assert "settings" not in summary["methods"]["grpo"]["run"]
+    assert "(300 resamples)" in (out / "summary.md").read_text()
+    recorded = json.loads((out / "compare.json").read_text())
+    assert recorded["methods"] == ["grpo", "capo"] and "++trainer.total_training_steps=3" in recorded["overrides"]
+
+
+def test_plot_only_redraws_committed_runs_with_the_requested_resamples(tmp_path):
+    out = tmp_path / "compare_cpu"
+    shutil.copytree(COMMITTED, out)
+    for name in ("summary.md", "summary.json", "val_auc_mean.png"):
+        (out / name).unlink()
+    proc = run_cli("--plot-only", "--methods", "grpo", "capo", "--n-boot", "300", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (out / "summary.md").read_text()
+    assert "(300 resamples)" in md and "2000 resamples" not in md and md in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_boot"] == 300
+    # the difference in the summary is the paired bootstrap of the last common validation step, 300 resamples
+    grpo, capo = (validation_passes(out / m)[-1] for m in ("grpo", "capo"))
+    expected = paired_difference(capo, grpo, n_boot=300)
+    got = summary["differences"]["capo - grpo"]
+    assert got["step"] == capo.step == 20
+    assert got["auc_mean_diff"] == pytest.approx(expected["auc_mean_diff"])
+    assert got["auc_mean_diff_ci"] == pytest.approx(list(expected["auc_mean_diff_ci"]))
+    assert (out / "val_auc_mean.png").stat().st_size > 5000
+    assert not (out / MARKER).exists()  # --plot-only writes the report only
+
+    message = refusal(run_cli("--plot-only", "--methods", "grpo", "simko", "--out", str(out), cwd=tmp_path))
+    assert message.startswith(f"--plot-only: {out / 'simko'}: no metrics.jsonl")
+
+
+def test_an_installed_wheel_finds_its_default_config_outside_the_checkout(tmp_path):
+    """Build the wheel from a copy of the sources, install it elsewhere, and compose the default config there."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "configs", src / "configs")
+    shutil.copytree(REPO / "capo_verl", src / "capo_verl", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index", "-w",
+                    str(tmp_path / "wheel")], check=True, cwd=tmp_path, timeout=300)
+    site = tmp_path / "site"
+    (wheel,) = (tmp_path / "wheel").glob("capo_verl-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
+                   timeout=300)
+    assert not (site / "capo_verl" / "compare" / "configs").is_symlink()
+
+    code = ("import capo_verl.compare.config as c; d = c.find_config_dir(c.DEFAULT_CONFIG); "
+            "cfg = c.checked_config('grpo', c.DEFAULT_CONFIG, d, ['++algorithm.adv_estimator=grpo']); "
+            "print(c.__file__); print(d); print(cfg.trainer.device, cfg.algorithm.adv_estimator)")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=CHECK_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    module, folder, composed = proc.stdout.strip().splitlines()[-3:]
+    assert Path(module).is_relative_to(site) and Path(folder) == (site / "capo_verl" / "compare" / "configs")
+    assert composed == "cpu grpo"  # cpu_base.yaml and verl's ppo_trainer (hydra searchpath) were found too
