@@ -1,10 +1,9 @@
 """capo-verl: CAPO (Calibration-Aware Policy Optimization) for verl.
 
-``import verl`` comes first: it loads this package's ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
-which installs :mod:`capo_verl.compat` and registers the estimators, before any other module of this
-package runs.
+Importing this package, or its pure modules (:mod:`capo_verl.estimators`, :mod:`capo_verl.metrics`,
+:mod:`capo_verl.losses.simko`, :mod:`capo_verl.reward`, :mod:`capo_verl.evaluation.score`), imports neither verl nor
+Ray. verl finds capo-verl by itself: ``import verl`` loads the ``verl.plugins`` entry point
+(:mod:`capo_verl.plugin`), which installs :mod:`capo_verl.compat` and registers the estimators.
 """
-
-import verl  # noqa: F401
 
 __version__ = "0.1.0"

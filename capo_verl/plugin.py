@@ -1,15 +1,22 @@
 """Entry point of group ``verl.plugins`` (see pyproject.toml), loaded by ``import verl`` in every process.
 
 verl's ``verl/__init__.py`` imports each ``verl.plugins`` entry point at ``import verl``, so the launcher,
-the Ray TaskRunner (where ``compute_advantage`` runs) and every worker get the patches and the
-registered estimators, with nothing for the user to import.
+the Ray TaskRunner (where ``compute_advantage`` runs) and every worker get the patches, the config check and the
+registered estimators, with nothing for the user to import. What is installed:
+
+- :func:`capo_verl.compat.install`: the patches of :mod:`capo_verl.compat` (refuses an untested verl);
+- :func:`capo_verl.compat.methods.hook_validate_config`: every method's keys checked in verl's ``validate_config``;
+- :func:`capo_verl.compat.methods.register_estimators`: ``capo``, ``grpo_mask``, ``codapo``, ``cde`` in verl's
+  ``ADV_ESTIMATOR_REGISTRY``.
 """
 
 from capo_verl import compat
+from capo_verl.compat import methods
 
 try:
     compat.install()
+    methods.hook_validate_config()
 finally:
     # Registered even when install() failed: a run that asks for `capo` then stops with the install error
     # (verl's plugin loader hides plugin exceptions at DEBUG level; compat.install logs it at ERROR).
-    import capo_verl.estimators  # noqa: F401  registers capo-verl's estimators (capo, grpo_mask, ...) with verl
+    methods.register_estimators()

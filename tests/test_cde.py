@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import capo_verl  # noqa: F401  (import verl -> the plugin registers the estimators)
+import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
 from capo_verl.compat.advantage import pop_step_metrics
 from capo_verl.estimators.cde import CdeConfig, cde_bonus_weight, compute_cde_outcome_advantage
 from verl import DataProto
@@ -244,18 +244,13 @@ def test_v1_trainer_passes_its_global_steps(transfer_queue):
     assert seen == {6: 1.0, 7: 0.0, 1: 1.0}
 
 
-# --- errors name the key and the fix -----------------------------------------------------------------------------
+# --- errors name the key and the fix (more bad values of a composed config: tests/test_method_configs.py) -------
 @pytest.mark.parametrize(
     "section, match",
     [
-        ({"w0": -1.0}, "algorithm.cde.w0 must be >= 0"),
         ({"w0": "1"}, "algorithm.cde.w0 must be a finite number"),
-        ({"w_zero_after_step": 2.5}, "algorithm.cde.w_zero_after_step must be a non-negative integer"),
-        ({"w_zero_after_step": -1}, "algorithm.cde.w_zero_after_step"),
-        ({"kappa": 0}, "algorithm.cde.kappa must be a positive number"),
-        ({"alpha": -1.0}, "algorithm.cde.alpha must be a positive number"),
+        ({"w_zero_after_step": -1}, "algorithm.cde.w_zero_after_step must be a non-negative integer"),
         ({"reward_threshold": None}, "algorithm.cde.reward_threshold must be a finite number"),
-        ({"w_0": 1.0}, "unknown key.*algorithm.cde.w_0"),
     ],
 )
 def test_bad_config(section, match):

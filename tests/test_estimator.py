@@ -1,13 +1,18 @@
-"""The CAPO estimator against hand computations of Eq. 14 and its properties."""
+"""The CAPO estimator against hand computations of Eq. 14, against autograd of the pairwise logistic surrogate
+(Eqs. 12-14), its limits in tau, its memory on ragged groups, and its errors. Pure: nothing here imports verl."""
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import torch
 
-from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
+from capo_verl.estimators import pop_step_metrics
+from capo_verl.estimators.capo import CapoConfig, capo_pairwise_advantages, check_tau, compute_capo_outcome_advantage
 
 
 def sig(x):
@@ -186,12 +191,14 @@ def test_step_metrics_recorded():
     assert "capo/mask_frac_correct" not in metrics  # mask off
 
 
-# --- bad input: each error names the key and the fix ---------------------------------------------------------
+# --- bad input: each error names the key and the fix (more values through verl's validate_config in
+# tests/test_method_configs.py) --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "cfg, match",
     [
         ({"tau": 0.0}, "algorithm.capo.tau"),
         ({"tau": -1.0}, "algorithm.capo.tau"),
+        ({"tau": float("inf")}, "algorithm.capo.tau"),
         ({"ref_low": 0.0}, "algorithm.capo.ref_low"),
         ({"ref_high": -2.5}, "algorithm.capo.ref_high"),
         ({"normalize": "batch"}, "algorithm.capo.normalize"),
@@ -199,7 +206,6 @@ def test_step_metrics_recorded():
         ({"reward_threshold": "0.5"}, "algorithm.capo.reward_threshold"),
         ({"reward_threshold": None}, "algorithm.capo.reward_threshold"),
         ({"reward_threshold": True}, "algorithm.capo.reward_threshold"),
-        ({"ref_high": 0.9}, "algorithm.capo.ref_high must be >= 1"),
     ],
 )
 def test_bad_config(cfg, match):
@@ -238,8 +244,9 @@ def test_missing_inputs_raise_named_errors():
 
 def test_rollout_log_probs_used_when_old_absent():
     r, m, lp = make_batch([-0.1, -0.5], [0, 1])
-    a = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, rollout_log_probs=lp)[0]
-    b = compute_capo_outcome_advantage(r, m, np.array(["q", "q"]), {"capo": {"use_mask": False}}, old_log_probs=lp)[0]
+    idx, cfg = np.array(["q", "q"]), {"capo": {"use_mask": False}}
+    a = compute_capo_outcome_advantage(r, m, idx, cfg, rollout_log_probs=lp)[0]
+    b = compute_capo_outcome_advantage(r, m, idx, cfg, old_log_probs=lp)[0]
     assert torch.equal(a, b)
 
 
@@ -263,3 +270,151 @@ def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
     assert torch.equal(n_valid, lengths.float())
     torch.testing.assert_close(mean.double(), expected, rtol=1e-5, atol=1e-6)
     assert mean.dtype == torch.float32
+
+
+# --- limits in tau: never NaN for a tau that passes the check ------------------------------------------------------
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize(
+    "tau, ok",
+    [
+        (3e-39, True),  # float32 subnormal, 1/tau = 3.3e38 still finite
+        (2.9e-39, False),  # 1/tau = 3.45e38 overflows float32
+        (1e-45, False),  # the smallest float32 subnormal: 1/tau overflows
+        (1e-50, False),  # 0 in float32
+        (F32_MAX, True),
+        (3.5e38, False),  # inf in float32
+    ],
+)
+def test_tau_range_is_float32s(tau, ok):
+    if ok:
+        assert check_tau(tau) == tau and CapoConfig(tau=tau).tau == tau
+    else:
+        with pytest.raises(ValueError, match="algorithm.capo.tau=.* is outside float32's range"):
+            CapoConfig(tau=tau)
+        with pytest.raises(ValueError, match="algorithm.capo.tau"):
+            capo_pairwise_advantages(torch.zeros(2), torch.tensor([True, False]), torch.ones(2, dtype=torch.bool),
+                                     torch.zeros(2, dtype=torch.int64), 1, tau)
+
+
+@pytest.mark.parametrize("tau", [3e-39, 1e-20, 0.6, 1e20, F32_MAX])
+def test_extreme_lpm_gaps_never_give_nan(tau):
+    """lpm gaps from 0 (a tie) to 4e38 (the float32 difference overflows to inf), at both ends of tau's range: finite
+    advantages; for a small tau the weights are the step function (1 misranked, 1/2 tied, 0 ranked)."""
+    lpm = torch.tensor([-1.0, -1.0, -2.0, 2e38, -2e38, -2e38, 1e30, 0.0])
+    correct = torch.tensor([True, False, True, True, False, True, False, False])
+    gid = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
+    adv = capo_pairwise_advantages(lpm, correct, torch.ones(8, dtype=torch.bool), gid, 3, tau)
+    assert torch.isfinite(adv).all()
+    assert (adv[correct] >= 0).all() and (adv[~correct] <= 0).all()
+    if tau < 1:
+        # group 0: a tie; group 1: both correct above the incorrect -2e38; group 2: -2e38 below both incorrect
+        step = [0.5, -0.5, 0.0, 0.0, 0.0, 2.0, -1.0, -1.0]
+        np.testing.assert_allclose(adv.numpy(), step, atol=1e-6 if tau < 1e-10 else 0.03)
+
+
+def test_huge_tau_is_half_of_every_pair():
+    lpm = torch.tensor([-1.0, -2.0, -3.0])
+    adv = capo_pairwise_advantages(lpm, torch.tensor([True, False, False]), torch.ones(3, dtype=torch.bool),
+                                   torch.zeros(3, dtype=torch.int64), 1, F32_MAX)
+    assert adv.tolist() == [1.0, -0.5, -0.5]
+
+
+# --- the advantage is minus the surrogate's gradient (Eqs. 12-14), by autograd -------------------------------------
+def surrogate_gradient(lpm, correct, valid, groups, tau):
+    """d/dlpm of L = sum over each group's (correct i, incorrect j) pairs of log(1 + exp(-(lpm_i - lpm_j) / tau))
+    (Eq. 12's phi_tau at t = (lpm_i - lpm_j)(R_i - R_j) with 0/1 outcomes), by torch autograd in float64."""
+    x = torch.tensor(lpm, dtype=torch.float64, requires_grad=True)
+    terms = [
+        torch.nn.functional.softplus(-(x[i] - x[j]) / tau)
+        for g in set(groups)
+        for i in range(len(x)) if groups[i] == g and correct[i] and valid[i]
+        for j in range(len(x)) if groups[j] == g and not correct[j] and valid[j]
+    ]
+    if not terms:
+        return np.zeros(len(x))
+    (grad,) = torch.autograd.grad(torch.stack(terms).sum(), x)
+    return grad.numpy()
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+@pytest.mark.parametrize("normalize", ["none", "group"])
+@pytest.mark.parametrize("tau", [0.05, 0.6, 4.0])
+def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use_mask):
+    """A_i = -tau * dL/dlpm_i (divided by the group size G for normalize=group), times the mask m_i; a masked response
+    still counts as an opponent in L, a response without valid tokens is in no pair."""
+    rng = np.random.default_rng(int(tau * 100) + 7 * use_mask + 3 * (normalize == "group"))
+    for _ in range(4):
+        sizes = rng.integers(1, 11, rng.integers(2, 7))  # ragged, lone responses included
+        groups = np.concatenate([[g] * s for g, s in enumerate(sizes)])[rng.permutation(sizes.sum())]
+        bs = len(groups)
+        lpm = rng.normal(-1.0, 0.4, bs).astype(np.float32)
+        correct = rng.random(bs) < 0.5
+        lengths = rng.integers(0, 6, bs)  # some responses without valid tokens
+        ppl = rng.uniform(1.0, 3.0, bs)
+        r, m, lp = make_batch(lpm.tolist(), correct.tolist(), lengths=lengths.tolist(), T=6)
+        ref = torch.from_numpy(-np.log(ppl)).float().unsqueeze(1).expand(bs, 6).clone()
+        got = seq(capo(r, m, groups.astype(str), lp, ref=ref if use_mask else None, tau=tau, normalize=normalize,
+                       use_mask=use_mask, ref_high=2.0, ref_low=1.5), m)
+
+        valid = lengths > 0
+        lpm_seen = lp[:, 0].double().numpy()  # the per-token value is the response's lpm
+        expected = -tau * surrogate_gradient(lpm_seen, correct, valid, groups.tolist(), tau)
+        if normalize == "group":
+            expected /= np.bincount(groups)[groups]
+        if use_mask:
+            expected *= np.where(correct, ppl <= 2.0, ppl >= 1.5)
+        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6)
+
+
+# --- memory: proportional to the pairs, not to n_groups * G_max^2 --------------------------------------------------
+MEMORY_PROBE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+
+    from capo_verl.estimators.capo import compute_capo_outcome_advantage
+
+    def rss(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+    def extra_peak(fn):
+        # reset the high-water mark of the resident set (Linux >= 4.0), then run: the peak above the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = rss("VmRSS")
+        fn()
+        return rss("VmHWM") - before
+
+    torch.set_num_threads(1)
+    sizes = [1000] + [2] * 2000
+    uids = np.array([f"q{g}" for g, s in enumerate(sizes) for _ in range(s)], dtype=object)
+    bs, T = len(uids), 8
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.zeros(bs, T)
+    rewards[:, -1] = (torch.rand(bs, generator=g) < 0.5).float()
+    mask = torch.ones(bs, T, dtype=torch.int64)
+    old = torch.randn(bs, T, generator=g) * 0.5 - 1.0
+    config = {"capo": {"use_mask": False}}
+    run = lambda: compute_capo_outcome_advantage(rewards, mask, uids, config, old_log_probs=old)
+    adv = run()[0]
+    assert torch.isfinite(adv).all() and adv[:1000].abs().sum() > 0
+    control = extra_peak(lambda: torch.ones(50 * 2**20, dtype=torch.float32).sum())  # 200 MiB, seen?
+    print(extra_peak(run), control)
+    """
+)
+
+
+def test_one_large_group_among_many_pairs_stays_small():
+    """1 group of 1000 + 2000 groups of 2: padding every group to (G_max, G_max) took 2001 * 1000^2 floats (> 19 GB);
+    the pairs of this batch are 1000^2 + 2000 * 4, and the estimator's extra peak memory (RSS high-water mark in a
+    fresh process, which sees torch's CPU allocations) stays far below 1 GB."""
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    peak, control = map(int, out.stdout.split())
+    assert control > 150 * 2**20  # the measurement sees a 200 MiB torch tensor
+    assert peak < 256 * 2**20, f"{peak / 2**20:.0f} MiB"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import capo_verl  # noqa: F401
+import verl  # noqa: F401  (loads the capo-verl plugin)
 
 
 @pytest.fixture(scope="module")

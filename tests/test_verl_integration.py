@@ -12,9 +12,9 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import capo_verl  # noqa: F401  (imports verl, which loads the plugin)
+import verl  # noqa: F401  (loads the capo-verl plugin)
 from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimator import compute_capo_outcome_advantage
+from capo_verl.estimators import CapoConfig, compute_capo_outcome_advantage
 from verl import DataProto
 from verl.trainer.ppo import core_algos, ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
@@ -147,8 +147,10 @@ CHECK_REGISTERED = textwrap.dedent(
     from verl.trainer.ppo import core_algos
     import verl.trainer.ppo.v1.utils as v1_utils
     import verl.trainer.main_ppo as main_ppo
-    print("capo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+    names = [n for n in ("capo", "grpo_mask", "codapo", "cde") if n in core_algos.ADV_ESTIMATOR_REGISTRY]
+    print(",".join(names) or "-",
           getattr(v1_utils.compute_advantage, "__wrapped_by_capo_verl__", False),
+          getattr(main_ppo.validate_config, "__capo_verl__", False),
           main_ppo.need_reference_policy.__module__)
     """
 )
@@ -163,13 +165,14 @@ def run_fresh(code, **env):
 
 
 def test_entry_point_registers_capo_in_a_fresh_process():
-    # nothing of capo_verl is imported by the code: `import verl` loads the entry point
-    assert run_fresh(CHECK_REGISTERED) == "True True verl.trainer.ppo.utils"
+    """Nothing of capo_verl is imported by the code: `import verl` loads the entry point, which registers the four
+    estimators, wraps compute_advantage and hooks the validate_config that main_ppo binds."""
+    assert run_fresh(CHECK_REGISTERED) == "capo,grpo_mask,codapo,cde True True verl.trainer.ppo.utils"
 
 
 def test_without_the_plugin_capo_is_not_registered():
     # negative control: the check above can fail
-    assert run_fresh(CHECK_REGISTERED, VERL_USE_EXTERNAL_PLUGINS="none") == "False False verl.trainer.ppo.utils"
+    assert run_fresh(CHECK_REGISTERED, VERL_USE_EXTERNAL_PLUGINS="none") == "- False False verl.trainer.ppo.utils"
 
 
 def test_entry_point_registers_capo_inside_a_ray_actor():
@@ -227,8 +230,6 @@ def test_reference_policy_gate(overrides, needed, caplog):
 
 def test_capo_override_reaches_the_estimator():
     config = compose_verl("algorithm.adv_estimator=capo", "+algorithm.capo.tau=0.5")
-    from capo_verl.estimator import CapoConfig
-
     assert CapoConfig.from_algorithm_config(config.algorithm).tau == 0.5
     assert CapoConfig.from_algorithm_config(compose_verl("algorithm.adv_estimator=capo").algorithm) == CapoConfig()
 
@@ -275,7 +276,8 @@ def test_batch_calibration_metrics_for_verl_estimators(estimator):
     assert metrics["capo/mixed_group_frac"] == pytest.approx(len(aucs) / len(np.unique(uids)))
     assert metrics["capo/lpm_incorrect_mean"] == pytest.approx(lpm[~correct].mean(), rel=1e-6)
     adv = out.batch["advantages"].numpy()
-    assert metrics["capo/adv_abs_mean"] == pytest.approx(np.mean([abs(adv[i][mask[i]].mean()) for i in range(len(mask))]))
+    seq_adv = [abs(adv[i][mask[i]].mean()) for i in range(len(mask))]
+    assert metrics["capo/adv_abs_mean"] == pytest.approx(np.mean(seq_adv))
 
 
 def test_batch_calibration_metrics_use_capo_reward_threshold():

@@ -18,6 +18,10 @@ are in ``data.batch`` at that moment. This module:
 5. passes the training step (verl's ``trainer.global_steps``, 1 for the first update, restored from the checkpoint on
    resume) to estimators registered with ``needs_training_step=True``, as ``global_step=``: the v1 trainer's
    ``PPOTrainer._compute_advantage`` reads it from the trainer; the legacy trainer from ``data.meta_info``.
+
+Which estimators are registered, and with which batch keys, is decided in :mod:`capo_verl.compat.methods`.
+The metrics queue itself (:func:`record_step_metrics`, :func:`pop_step_metrics`) lives in the pure
+:mod:`capo_verl.estimators.common`; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -30,7 +34,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from capo_verl.estimators.common import pop_step_metrics, queued_step_metrics, record_step_metrics
+
 from . import after_import, check_signature
+
+__all__ = [
+    "batch_calibration_metrics",
+    "estimator_needs_reference_policy",
+    "install",
+    "pop_step_metrics",
+    "record_step_metrics",
+    "register_batch_aware_adv_est",
+]
 
 logger = logging.getLogger("capo_verl")
 
@@ -38,8 +53,6 @@ logger = logging.getLogger("capo_verl")
 _BATCH_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("capo_verl_batch_extras", default=None)
 # verl's trainer.global_steps of the v1 trainer step whose _compute_advantage is running, for needs_training_step.
 _TRAINING_STEP: contextvars.ContextVar[int | None] = contextvars.ContextVar("capo_verl_training_step", default=None)
-# Metrics recorded by an estimator during the current step, consumed by the trainer hooks below.
-_STEP_METRICS: dict[str, float] = {}
 _logged_ref_reason = False
 _logged_no_calib: set[str] = set()
 
@@ -67,12 +80,17 @@ def register_batch_aware_adv_est(
             (v1 trainer: always; legacy trainer: when ``data.meta_info`` has ``global_steps``); otherwise the
             keyword is not passed and ``fn`` decides whether that is an error.
 
+    Registering the same ``fn`` under the same name again is a no-op.
+
     Raises:
         ValueError: from verl if another function is already registered under ``name``.
     """
     from verl.trainer.ppo import core_algos
 
     def decorator(fn):
+        if getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(name), "__wrapped__", None) is fn:
+            return fn
+
         @functools.wraps(fn)
         def called_by_verl(**verl_kwargs):
             extras = _BATCH_EXTRAS.get()
@@ -98,18 +116,6 @@ def register_batch_aware_adv_est(
     return decorator
 
 
-def record_step_metrics(metrics: dict[str, float]) -> None:
-    """Queue metrics for the current training step; the trainer hooks add them to the step's metrics."""
-    _STEP_METRICS.update(metrics)
-
-
-def pop_step_metrics() -> dict[str, float]:
-    """Return and clear the metrics queued by :func:`record_step_metrics`."""
-    out = dict(_STEP_METRICS)
-    _STEP_METRICS.clear()
-    return out
-
-
 def _estimator_name(adv_estimator) -> str:
     return getattr(adv_estimator, "value", adv_estimator)
 
@@ -132,7 +138,7 @@ def batch_calibration_metrics(data, reward_threshold: float = 0.5) -> dict[str, 
 
     batch = data.batch
     keys = set(batch.keys())
-    lp_key = "old_log_probs" if "old_log_probs" in keys else "rollout_log_probs" if "rollout_log_probs" in keys else None
+    lp_key = next((k for k in ("old_log_probs", "rollout_log_probs") if k in keys), None)
     if lp_key is None or "uid" not in data.non_tensor_batch:
         return {}
     mask = batch["response_mask"].double()
@@ -151,7 +157,7 @@ def batch_calibration_metrics(data, reward_threshold: float = 0.5) -> dict[str, 
 
 
 def _reward_threshold(config) -> float:
-    """``algorithm.capo.reward_threshold`` when the config has it (the rule every capo-verl estimator uses), else 0.5."""
+    """``algorithm.capo.reward_threshold`` when the config has it (every capo-verl estimator's rule), else 0.5."""
     capo = config.get("capo", None) if config is not None and hasattr(config, "get") else None
     value = capo.get("reward_threshold", 0.5) if capo is not None else 0.5
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -161,7 +167,8 @@ def _reward_threshold(config) -> float:
 
 def _record_batch_calibration(data, adv_estimator, config) -> None:
     """Add :func:`batch_calibration_metrics` to the step's metrics unless the estimator already logged its own."""
-    if "capo/mixed_group_frac" in _STEP_METRICS:
+    queued = queued_step_metrics()
+    if "capo/mixed_group_frac" in queued:
         return
     metrics = batch_calibration_metrics(data, _reward_threshold(config))
     name = _estimator_name(adv_estimator)
@@ -172,8 +179,7 @@ def _record_batch_calibration(data, adv_estimator, config) -> None:
             "old_log_probs/rollout_log_probs",
             name,
         )
-    for key, value in metrics.items():
-        _STEP_METRICS.setdefault(key, value)
+    record_step_metrics({key: value for key, value in metrics.items() if key not in queued})
 
 
 # --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------

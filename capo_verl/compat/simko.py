@@ -34,10 +34,12 @@ and the token entropy (detached). verl 0.9.1 hands a registered policy loss only
 4. **Config**: verl's ``PolicyLossConfig`` dataclass (``verl/workers/config/actor.py``) gets a ``simko`` field
    (a subclass replaces it where Hydra's ``_target_: verl.workers.config.PolicyLossConfig`` finds it), validated
    with errors naming ``actor_rollout_ref.actor.policy_loss.simko.<key>``; verl's ``validate_config``
-   (``verl/utils/config.py``, run by ``main_ppo`` before any worker starts) also refuses, naming the key and the
-   fix, what this plumbing does not cover: an actor strategy other than ``fsdp``/``fsdp2`` (Megatron, VeOmni,
-   TorchTitan, AutoModel compute logits elsewhere), ``model.use_fused_kernels`` (no logits), Ulysses sequence
-   parallelism (untested here) and distillation (a different loss function). The engine and the loss raise the
+   (``verl/utils/config.py``, run by ``main_ppo`` before any worker starts; hooked once for every capo-verl method
+   in :mod:`capo_verl.compat.methods`, which calls :func:`check_simko_setup`) also refuses, naming the key and the
+   fix, a ``top_k`` larger than the vocabulary of a local model, and what this plumbing does not cover: an actor
+   strategy other than ``fsdp``/``fsdp2`` (Megatron, VeOmni, TorchTitan, AutoModel compute logits elsewhere),
+   ``model.use_fused_kernels`` (no logits), Ulysses sequence parallelism (untested here) and distillation (a
+   different loss function). The engine and the loss raise the
    same kind of error if they meet such a setup at run time anyway.
 """
 
@@ -46,8 +48,11 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import json
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -158,6 +163,10 @@ def __getattr__(name):  # unpickling a SimKOPolicyLossConfig in a fresh process:
 def check_simko_setup(config) -> None:
     """Raise ValueError, naming the key and the fix, if ``config`` asks for SimKO where this plumbing cannot run.
 
+    Also checks ``policy_loss.simko.top_k`` against the model's vocabulary when ``actor_rollout_ref.model.path`` is
+    a local directory (:func:`local_vocab_size`; a non-local path is skipped silently). Called from verl's
+    ``validate_config`` by :mod:`capo_verl.compat.methods`.
+
     Args:
         config: the full trainer config (OmegaConf), as verl's ``validate_config`` receives it.
     """
@@ -189,22 +198,49 @@ def check_simko_setup(config) -> None:
     if distillation is not None and distillation.get("enabled", False):
         raise ValueError(f"{prefix} cannot be combined with distillation.enabled=true: {_COVERED}.")
     try:
-        simko_params_of(actor)
+        params = simko_params_of(actor)
     except ValueError as exc:
         raise ValueError(f"{prefix}: {exc}") from None
+    vocab = local_vocab_size(config.actor_rollout_ref.model.get("path", None))
+    if vocab is not None and params.top_k > vocab:
+        raise ValueError(
+            f"{CONFIG_KEY}.top_k={params.top_k} is larger than the vocabulary of actor_rollout_ref.model.path "
+            f"({vocab} tokens, config.json vocab_size): the top-K tokens do not exist. Set {CONFIG_KEY}.top_k <= "
+            f"{vocab} (the authors use 3)."
+        )
 
 
-def _patch_validate_config(config_utils) -> None:
-    """verl/utils/config.py: ``validate_config`` (run by main_ppo before Ray starts) runs :func:`check_simko_setup`."""
-    original = config_utils.validate_config
-    check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
+def local_vocab_size(model_path) -> int | None:
+    """The model's vocabulary size (``vocab_size`` of its ``config.json``, or of its ``text_config``) when
+    ``model_path`` is a local directory; None when it is not (a hub id such as ``Qwen/Qwen2.5-Math-7B``, an
+    ``hdfs://`` path, a directory that does not exist on this machine): such a path is skipped silently, and an
+    out-of-range ``top_k`` then fails in ``torch.topk`` when the actor first computes SimKO's loss.
 
-    @functools.wraps(original)
-    def validate_config(config, use_reference_policy, use_critic):
-        check_simko_setup(config)
-        return original(config, use_reference_policy, use_critic)
-
-    config_utils.validate_config = validate_config
+    Raises:
+        ValueError: ``model_path`` is a local directory without a readable ``config.json`` holding an integer
+            ``vocab_size``.
+    """
+    if not isinstance(model_path, (str, os.PathLike)):
+        return None
+    folder = Path(os.path.expanduser(os.fspath(model_path)))
+    if not folder.is_dir():
+        return None
+    try:
+        with open(folder / "config.json", encoding="utf-8") as f:
+            model_config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"actor_rollout_ref.model.path={model_path} is a local directory, but its config.json could not be read "
+            f"({exc}); SimKO's policy_loss.simko.top_k is checked against the model's vocab_size"
+        ) from None
+    for node in (model_config, model_config.get("text_config") or {}):
+        vocab = node.get("vocab_size") if isinstance(node, dict) else None
+        if isinstance(vocab, int) and not isinstance(vocab, bool):
+            return vocab
+    raise ValueError(
+        f"actor_rollout_ref.model.path={model_path}: config.json has no integer vocab_size; SimKO's "
+        "policy_loss.simko.top_k is checked against it"
+    )
 
 
 # --- 1. engine: top-K gaps, top-1 mask and entropy next to log_probs -------------------------------------------------
@@ -443,10 +479,16 @@ def _register_loss(core_algos) -> None:
 def install() -> None:
     """Register this module's patches with :func:`capo_verl.compat.after_import` (applied at verl's import)."""
     after_import("verl.workers.config", _patch_policy_loss_config)
-    after_import("verl.utils.config", _patch_validate_config)
     after_import("verl.trainer.ppo.core_algos", _register_loss)
     after_import("verl.workers.utils.losses", _patch_ppo_loss)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_engine)
 
 
-__all__ = ["CONFIG_KEY", "check_simko_setup", "compute_policy_loss_simko", "install", "loss_mode_of"]
+__all__ = [
+    "CONFIG_KEY",
+    "check_simko_setup",
+    "compute_policy_loss_simko",
+    "install",
+    "local_vocab_size",
+    "loss_mode_of",
+]

@@ -12,10 +12,17 @@ phi_tau(t) = log(1 + exp(-t / tau)) over (correct, incorrect) pairs (Eq. 14, up 
     A_i   = + sum_{j incorrect} w_ij                for a correct i
     A_j   = - sum_{i correct}   w_ij                for an incorrect j
 
-A pair that is already well ranked (lpm_i >> lpm_j) gets a small weight; a misranked one (lpm_i < lpm_j)
-a weight near 1. A group with no correct or no incorrect response gets A = 0. ``normalize="group"``
-divides by the group size G; then tau -> infinity gives w_ij = 1/2 and A_i = (R_i - mean(R)) / 2 for
-0/1 rewards: half of Dr. GRPO's advantage.
+Exactly: with the group's surrogate loss L = sum_{i correct, j incorrect} phi_tau(lpm_i - lpm_j) (Eq. 12 with
+t = (lpm_i - lpm_j)(R_i - R_j) for 0/1 outcomes, summed over the group's pairs instead of averaged),
+
+    A_i = -tau * dL/dlpm_i            (normalize="none")
+    A_i = -(tau / G) * dL/dlpm_i      (normalize="group", G the group's size)
+
+since phi_tau'(t) = -sigmoid(-t / tau) / tau; the paper's Eq. 14 writes phi'(t) = -sigmoid(-t), i.e. the same
+weights with the 1/tau left out. A pair that is already well ranked (lpm_i >> lpm_j) gets a small weight; a
+misranked one (lpm_i < lpm_j) a weight near 1. A group with no correct or no incorrect response gets A = 0.
+``normalize="group"`` with tau -> infinity gives w_ij = 1/2 and A_i = (R_i - mean(R)) / 2 for 0/1 rewards: half of
+Dr. GRPO's advantage.
 
 Noise mask (Eqs. 16-18), with the reference model's perplexity PPL_ref(o) = exp(-mean_t ref_log_prob):
 
@@ -27,38 +34,62 @@ The mask multiplies only the response's own advantage: a masked response is stil
 sums of the others. The sequence advantage is broadcast over the response's valid tokens and used in
 verl's usual PPO-clip loss.
 
-Cost: one masked mean over ``old_log_probs`` (and ``ref_log_prob``) plus an O(bs * G) pairwise step on
-(n_groups, G, G) padded groups; no (bs, bs) matrix.
+Cost: one masked mean over ``old_log_probs`` (and ``ref_log_prob``) plus the pairwise step over the pairs of each
+group (sum of G^2 over the mixed groups), processed per group size in blocks of at most :data:`PAIR_BLOCK` pairs, so
+the extra memory is O(bs + PAIR_BLOCK) whatever the group sizes; no (bs, bs) matrix and no padding to the largest
+group. Nothing here imports verl; ``capo_verl.compat.methods`` registers :func:`compute_capo_outcome_advantage`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
-    behaviour_log_probs,
     check_number,
     check_positive,
-    correct_mask,
-    group_ids,
-    group_table,
+    group_layout,
+    read_batch,
     read_config_section,
+    record_step_metrics,
     reference_ppl_mask,
-    row_sweep,
 )
-from capo_verl.metrics import capo_step_metrics
 
 __all__ = [
     "CapoConfig",
+    "PAIR_BLOCK",
     "capo_pairwise_advantages",
+    "check_tau",
     "compute_capo_outcome_advantage",
-    "require_ref_log_prob",
 ]
 
 NORMALIZE_MODES = ("none", "group")
+
+#: Most (i, j) pairs whose weights exist at one time in :func:`capo_pairwise_advantages` (float32 and bool
+#: temporaries of about 13 bytes per pair: ~14 MB).
+PAIR_BLOCK = 1 << 20
+
+
+def check_tau(tau) -> float:
+    """``tau`` as a float if CAPO can use it in float32, else ValueError naming ``algorithm.capo.tau``.
+
+    Valid: a finite number > 0 whose float32 rounding is > 0 and finite and whose reciprocal 1/tau, rounded to
+    float32, is finite and > 0; i.e. about 2.9e-39 < tau <= 3.4e38 (float32's range). Outside it the weights
+    ``sigmoid(-(lpm_i - lpm_j) / tau)`` would be computed with a tau of 0 or inf (NaN for ties).
+    """
+    value = check_positive("capo", "tau", tau, CapoConfig.tau)
+    with np.errstate(over="ignore", under="ignore"):
+        tau32, inv32 = np.float32(value), np.float32(1.0 / value)
+    if not (math.isfinite(tau32) and tau32 > 0 and math.isfinite(inv32) and inv32 > 0):
+        raise ValueError(
+            f"algorithm.capo.tau={value!r} is outside float32's range, in which CAPO computes its weights: tau and "
+            "1/tau must both be finite and > 0 in float32 (about 2.9e-39 < tau <= 3.4e38); the paper uses 0.5-1.0 "
+            "(set e.g. algorithm.capo.tau=0.6)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -66,12 +97,16 @@ class CapoConfig:
     """``algorithm.capo`` of a verl config. Defaults are the paper's Qwen2.5-Math-1.5B settings.
 
     Attributes:
-        tau: temperature of the logistic surrogate phi_tau (Eq. 12); > 0. Paper: 0.6 (1.5B), 0.5 (7B).
+        tau: temperature of the logistic surrogate phi_tau (Eq. 12); > 0 and usable in float32 (:func:`check_tau`).
+            Paper: 0.6 (1.5B), 0.5 (7B).
         ref_high: PPL threshold above which a *correct* response is masked (Eq. 18); >= 1 (a perplexity is >= 1).
         ref_low: PPL threshold below which an *incorrect* response is masked (Eq. 18); > 0.
         use_mask: apply the reference-PPL noise mask (needs ``ref_log_prob``; turns the reference pass on).
         normalize: ``"none"`` (Eq. 14 as written: plain sums) or ``"group"`` (divide by group size G).
         reward_threshold: a response is correct iff its summed reward is > this (0/1 and +-1 both work); a number.
+
+    Raises:
+        ValueError: on construction, for an invalid value; the message names ``algorithm.capo.<key>`` and the fix.
     """
 
     tau: float = 0.6
@@ -82,7 +117,8 @@ class CapoConfig:
     reward_threshold: float = 0.5
 
     def __post_init__(self):
-        for key in ("tau", "ref_high", "ref_low"):
+        check_tau(self.tau)
+        for key in ("ref_high", "ref_low"):
             check_positive("capo", key, getattr(self, key), getattr(CapoConfig, key))
         if self.ref_high < 1:
             raise ValueError(
@@ -120,66 +156,66 @@ def capo_pairwise_advantages(
 ) -> torch.Tensor:
     """Eq. 14 with the logistic surrogate: sequence-level CAPO advantages, before the noise mask.
 
+    ``A_i = -tau * dL/dlpm_i`` (divided by the group size G for ``normalize="group"``) with
+    ``L = sum over each group's (correct i, incorrect j) pairs of log(1 + exp(-(lpm_i - lpm_j) / tau))``.
+
     Args:
-        lpm: ``(bs,)`` float mean token log-prob (nats) of each response.
+        lpm: ``(bs,)`` float mean token log-prob (nats) of each response; finite where ``valid``.
         correct: ``(bs,)`` bool.
         valid: ``(bs,)`` bool; a response with no valid token joins no pair and gets 0.
         gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
         n_groups: number of groups.
-        tau: surrogate temperature, > 0.
-        normalize: ``"none"`` (plain sums) or ``"group"`` (divide by the group's size G).
+        tau: surrogate temperature, see :func:`check_tau`.
+        normalize: ``"none"`` (plain sums) or ``"group"`` (divide by the group's size G, invalid responses included).
 
     Returns:
-        ``(bs,)`` float32: +sum_j w_ij for correct i, -sum_i w_ij for incorrect j.
+        ``(bs,)`` float32: +sum_j w_ij for correct i, -sum_i w_ij for incorrect j, exactly 0 in a group without
+        both outcomes. Never NaN for finite lpm: ``lpm_i - lpm_j`` (float32) times the float32 ``-1/tau`` is finite or
+        +-inf, whose sigmoid is 0 or 1.
 
-    Memory: O(n_groups * G_max^2) = O(bs * G_max), computed in float32.
+    Raises:
+        ValueError: ``tau`` outside float32's range (:func:`check_tau`) or an unknown ``normalize``.
+
+    Memory: O(bs + PAIR_BLOCK). The groups with both outcomes are taken per distinct size s, as ``(n_s, s)`` tables
+    of their lpm, and the weights of at most :data:`PAIR_BLOCK` pairs exist at a time (several groups of a size at
+    once, or row blocks of one group larger than sqrt(PAIR_BLOCK)); float32 throughout. Time: sum of G^2 over those
+    groups.
     """
-    bs = lpm.shape[0]
-    device = lpm.device
-    # Lay the groups out as rows of a padded (n_groups, G_max) table.
-    order, g_sorted, slot, sizes, g_max = group_table(gid, n_groups)
+    scale = -1.0 / check_tau(tau)  # float32(scale) is finite and nonzero (check_tau)
+    if normalize not in NORMALIZE_MODES:
+        raise ValueError(f"algorithm.capo.normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
+    bs, device = lpm.shape[0], lpm.device
+    pos, neg = correct & valid, ~correct & valid
+    layout = group_layout(gid, n_groups)
+    n_pos = torch.bincount(gid, weights=pos.to(torch.float32), minlength=n_groups)
+    n_neg = torch.bincount(gid, weights=neg.to(torch.float32), minlength=n_groups)
+    lpm_s, pos_s, neg_s = lpm.to(torch.float32)[layout.order], pos[layout.order], neg[layout.order]
 
-    def table(x, fill):
-        t = torch.full((n_groups, g_max), fill, dtype=x.dtype, device=device)
-        t[g_sorted, slot] = x[order]
-        return t
-
-    lpm_t = table(lpm.to(torch.float32), 0.0)
-    pos_t = table(correct & valid, False)  # correct responses, i
-    neg_t = table(~correct & valid, False)  # incorrect responses, j
-
-    # w[g, i, j] = sigmoid(-(lpm_i - lpm_j) / tau) on (correct i, incorrect j) pairs, else 0.
-    w = torch.sigmoid((lpm_t.unsqueeze(2) - lpm_t.unsqueeze(1)) / -tau)
-    w = w * (pos_t.unsqueeze(2) & neg_t.unsqueeze(1))
-    adv_t = w.sum(2) - w.sum(1)  # row i: +sum_j w_ij (0 unless i correct); column j: -sum_i w_ij
-    if normalize == "group":
-        adv_t = adv_t / sizes.clamp_min(1).unsqueeze(1).to(adv_t.dtype)
+    adv_s = torch.zeros(bs, dtype=torch.float32, device=device)
+    for size, _, idx in layout.buckets(select=(n_pos > 0) & (n_neg > 0), min_size=2):
+        rows_per_block = max(1, min(size, PAIR_BLOCK // size))
+        groups_per_block = max(1, PAIR_BLOCK // (rows_per_block * size))
+        for g0 in range(0, idx.shape[0], groups_per_block):
+            members = idx[g0 : g0 + groups_per_block]  # (n, s) positions in the sorted order
+            lp, p, q = lpm_s[members], pos_s[members], neg_s[members]
+            lp_j, q_j = lp.unsqueeze(1), q.unsqueeze(1)  # (n, 1, s): the incorrect side j
+            acc = torch.zeros_like(lp)
+            for i0 in range(0, size, rows_per_block):
+                i1 = min(i0 + rows_per_block, size)
+                # w[g, i, j] = sigmoid(-(lpm_i - lpm_j) / tau) on (correct i, incorrect j) pairs, else 0
+                w = torch.sigmoid((lp[:, i0:i1, None] - lp_j) * scale)
+                w = torch.where(p[:, i0:i1, None] & q_j, w, 0.0)  # (n, rows, s)
+                acc[:, i0:i1] += w.sum(2)  # correct i: + sum_j w_ij
+                acc -= w.sum(1)  # incorrect j: - sum_i w_ij
+            adv_s[members] = acc
 
     adv = torch.empty(bs, dtype=torch.float32, device=device)
-    adv[order] = adv_t[g_sorted, slot]
+    adv[layout.order] = adv_s
+    if normalize == "group":
+        adv = adv / layout.sizes[gid].to(torch.float32)
     return adv
 
 
-def require_ref_log_prob(ref_log_prob, estimator: str) -> None:
-    """Raise ValueError naming ``ref_log_prob`` and the fix if it is None (the noise mask needs it)."""
-    if ref_log_prob is None:
-        raise ValueError(
-            f"{estimator} with algorithm.capo.use_mask=true needs 'ref_log_prob' (reference-model log-probs) in "
-            "the batch, and it is missing. In verl's trainer capo-verl turns the reference pass on by itself; if "
-            "you disabled it, configure actor_rollout_ref.ref, or set algorithm.capo.use_mask=false to train "
-            "without the noise mask (when calling directly, pass ref_log_prob=(bs, response_length))"
-        )
-
-
-# --- registration with verl (the only part that touches capo_verl.compat) ---------------------------------------
-from capo_verl.compat.advantage import record_step_metrics, register_batch_aware_adv_est  # noqa: E402
-
-
-@register_batch_aware_adv_est(
-    "capo",
-    batch_keys=("old_log_probs", "rollout_log_probs", "ref_log_prob"),
-    needs_reference_policy=lambda algorithm: CapoConfig.from_algorithm_config(algorithm).use_mask,
-)
 def compute_capo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -192,9 +228,9 @@ def compute_capo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CAPO advantages (Eq. 14 with the logistic surrogate, times the noise mask of Eqs. 16-18).
 
-    Called by verl's ``compute_advantage`` for ``algorithm.adv_estimator=capo``; capo_verl.compat forwards
-    ``old_log_probs``, ``rollout_log_probs`` and ``ref_log_prob`` from the batch. Records the ``capo/*``
-    calibration metrics of the batch for the trainer's step metrics.
+    verl's ``compute_advantage`` calls this for ``algorithm.adv_estimator=capo`` (registered by
+    :mod:`capo_verl.compat.methods`, which forwards ``old_log_probs``, ``rollout_log_probs`` and ``ref_log_prob``
+    from the batch). Records the ``capo/*`` calibration metrics of the batch for the trainer's step metrics.
 
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum.
@@ -214,40 +250,17 @@ def compute_capo_outcome_advantage(
             or an invalid ``algorithm.capo`` value; each message names the key and the fix.
     """
     cfg = CapoConfig.from_algorithm_config(config)
-    bs = token_level_rewards.shape[0]
-    gid_np, n_groups = group_ids(index, bs)
-    log_probs, lp_key = behaviour_log_probs(old_log_probs, rollout_log_probs, "capo")
-
+    batch = read_batch(
+        "capo", token_level_rewards, response_mask, index, cfg.reward_threshold,
+        old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
+        ref_log_prob=ref_log_prob, need_ref=cfg.use_mask,
+    )  # fmt: skip
+    adv = capo_pairwise_advantages(batch.lpm, batch.correct, batch.valid, batch.gid, batch.n_groups, cfg.tau,
+                                   cfg.normalize)
+    keep = None
     if cfg.use_mask:
-        require_ref_log_prob(ref_log_prob, "capo")
-    masked = {lp_key: log_probs}
-    if ref_log_prob is not None:
-        masked["ref_log_prob"] = ref_log_prob
-    # out: a float32 copy of the mask, overwritten in place by the advantages at the end.
-    out, n_valid, sums, score = row_sweep(response_mask, masked, token_level_rewards)
-    lpm = sums[lp_key] / n_valid.clamp_min(1.0)
-    valid = n_valid > 0
-    correct = correct_mask(score, cfg.reward_threshold)
-    gid = torch.from_numpy(gid_np).to(lpm.device)
-
-    adv = capo_pairwise_advantages(lpm, correct, valid, gid, n_groups, cfg.tau, cfg.normalize)
-    keep = ref_ppl = None
-    if ref_log_prob is not None:
-        ref_ppl = torch.exp(-sums["ref_log_prob"] / n_valid.clamp_min(1.0))  # PPL_ref, Eq. 16
-    if cfg.use_mask:
-        keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
+        keep = reference_ppl_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)
         adv = adv * keep
-
-    record_step_metrics(
-        capo_step_metrics(
-            lpm.numpy(force=True),
-            correct.numpy(force=True),
-            gid_np,
-            valid.numpy(force=True),
-            adv=adv.numpy(force=True),
-            ref_ppl=None if ref_ppl is None else ref_ppl.numpy(force=True),
-            keep=None if keep is None else keep.numpy(force=True),
-        )
-    )
-    advantages = out.mul_(adv.unsqueeze(-1))  # (bs, T): A_i on valid tokens, 0 on padding
+    record_step_metrics(batch.calibration_metrics(adv, keep))
+    advantages = batch.broadcast(adv)
     return advantages, advantages

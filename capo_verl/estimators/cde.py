@@ -12,7 +12,9 @@ For one question (one verl ``uid`` group) with responses o_1..o_G:
     R~_i = R_i + w_t * min(|R_i| / kappa, alpha * B_i)                    kappa 3, alpha 1
     A_i  = (R~_i - mean R~) / (std R~ + 1e-6)                            GRPO within the group (torch.std, unbiased;
                                                                          R~_i - mean R~ without
-                                                                         algorithm.norm_adv_by_std_in_grpo)
+                                                                         algorithm.norm_adv_by_std_in_grpo); exactly
+                                                                         0 in a group whose R~ are all equal (e.g.
+                                                                         one outcome, every bonus at the cap)
 
 Within one outcome a higher-perplexity response gets the larger shaped reward: among right answers the bonus favours
 the less likely ones (diversity); among wrong answers the confident ones end up lowest (the paper's "penalises
@@ -28,6 +30,10 @@ answer (|R| = 0) would get no bonus at all, so correctness is mapped to +-1 firs
 GRPO on +-1 rewards: the same advantages as GRPO on 0/1 rewards when normalised by the std (up to the 1e-6), and
 twice Dr. GRPO's without (a lone response in its group keeps its reward, as in verl's GRPO: -1 instead of 0).
 CDE's critic-side bonus (variance of a multi-head critic, PPO only) is not implemented.
+
+``w_zero_after_step`` needs verl's v1 trainer (``trainer.use_v1=true``): the legacy trainer does not hand the step to
+the advantage step, and capo-verl's ``validate_config`` check refuses that combination before anything starts.
+Nothing here imports verl; ``capo_verl.compat.methods`` registers :func:`compute_cde_outcome_advantage`.
 """
 
 from __future__ import annotations
@@ -38,16 +44,14 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
-    behaviour_log_probs,
     check_number,
     check_positive,
-    correct_mask,
-    group_ids,
     grpo_group_advantages,
+    norm_adv_by_std,
+    read_batch,
     read_config_section,
-    row_sweep,
+    record_step_metrics,
 )
-from capo_verl.metrics import capo_step_metrics
 
 __all__ = ["CdeConfig", "cde_bonus_weight", "cde_shaped_rewards", "cde_advantages", "compute_cde_outcome_advantage"]
 
@@ -151,11 +155,6 @@ def cde_advantages(
     return grpo_group_advantages(shaped, gid, n_groups, norm_by_std, epsilon), shaped, bonus
 
 
-# --- registration with verl (the only part that touches capo_verl.compat) ---------------------------------------
-from capo_verl.compat.advantage import record_step_metrics, register_batch_aware_adv_est  # noqa: E402
-
-
-@register_batch_aware_adv_est("cde", batch_keys=("old_log_probs", "rollout_log_probs"), needs_training_step=True)
 def compute_cde_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -168,11 +167,11 @@ def compute_cde_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CDE advantages for ``algorithm.adv_estimator=cde`` (see the module docstring for the formula).
 
-    Called by verl's ``compute_advantage``; capo_verl.compat forwards ``old_log_probs``, ``rollout_log_probs`` and
-    the training step. Records the batch's ``capo/*`` calibration metrics (correctness by
-    ``algorithm.cde.reward_threshold``) and ``cde/w`` (the step's weight), ``cde/bonus_mean`` (mean B, nats),
-    ``cde/bonus_correct_mean``, ``cde/bonus_incorrect_mean``, ``cde/shaped_bonus_mean`` (mean R~ - R) and
-    ``cde/bonus_cap_frac`` (fraction of responses whose bonus is capped at |R|/kappa).
+    verl's ``compute_advantage`` calls this (registered by :mod:`capo_verl.compat.methods`, which forwards
+    ``old_log_probs``, ``rollout_log_probs`` and the training step). Records the batch's ``capo/*`` calibration
+    metrics (correctness by ``algorithm.cde.reward_threshold``) and ``cde/w`` (the step's weight), ``cde/bonus_mean``
+    (mean B, nats), ``cde/bonus_correct_mean``, ``cde/bonus_incorrect_mean``, ``cde/shaped_bonus_mean`` (mean R~ - R)
+    and ``cde/bonus_cap_frac`` (fraction of responses whose bonus is capped at |R|/kappa).
 
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards; their sum decides correctness.
@@ -193,7 +192,6 @@ def compute_cde_outcome_advantage(
             or an invalid ``algorithm.cde`` value; each message names the key and the fix.
     """
     cfg = CdeConfig.from_algorithm_config(config)
-    norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
     if cfg.w_zero_after_step is None:
         w = float(cfg.w0)
     elif global_step is None:
@@ -206,20 +204,15 @@ def compute_cde_outcome_advantage(
         )
     else:
         w = cde_bonus_weight(int(global_step), cfg.w0, cfg.w_zero_after_step)
-    bs = token_level_rewards.shape[0]
-    gid_np, n_groups = group_ids(index, bs, "cde")
-    log_probs, lp_key = behaviour_log_probs(old_log_probs, rollout_log_probs, "cde")
-    out, n_valid, sums, score = row_sweep(response_mask, {lp_key: log_probs}, token_level_rewards)
-    lpm = sums[lp_key] / n_valid.clamp_min(1.0)
-    correct = correct_mask(score, cfg.reward_threshold)
-    gid = torch.from_numpy(gid_np).to(lpm.device)
-
-    adv, shaped, bonus = cde_advantages(correct, lpm, gid, n_groups, w, cfg.kappa, cfg.alpha, norm_by_std)
-
-    valid = n_valid > 0
-    metrics = capo_step_metrics(
-        lpm.numpy(force=True), correct.numpy(force=True), gid_np, valid.numpy(force=True), adv=adv.numpy(force=True)
+    batch = read_batch(
+        "cde", token_level_rewards, response_mask, index, cfg.reward_threshold,
+        old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
+    )  # fmt: skip
+    correct, valid = batch.correct, batch.valid
+    adv, shaped, bonus = cde_advantages(
+        correct, batch.lpm, batch.gid, batch.n_groups, w, cfg.kappa, cfg.alpha, norm_adv_by_std(config)
     )
+    metrics = batch.calibration_metrics(adv)
     metrics["cde/w"] = w
     if valid.any():
         b = bonus[valid]
@@ -230,5 +223,5 @@ def compute_cde_outcome_advantage(
             if sel.any():
                 metrics[f"cde/bonus_{name}_mean"] = float(b[sel].mean())
     record_step_metrics(metrics)
-    advantages = out.mul_(adv.unsqueeze(-1))  # (bs, T): A_i on valid tokens, 0 on padding
+    advantages = batch.broadcast(adv)
     return advantages, advantages

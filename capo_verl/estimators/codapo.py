@@ -10,7 +10,8 @@ and lpm_i (mean token log-prob of o_i under the behaviour policy, nats; 0 for a 
 
     A_i      = (R_i - mean R) / (std R + 1e-6)       GRPO (torch.std, unbiased); R_i - mean R without
                                                      algorithm.norm_adv_by_std_in_grpo; a lone response:
-                                                     mean 0, std 1 (as verl's GRPO)
+                                                     mean 0, std 1 (as verl's GRPO); a group whose R are
+                                                     all equal: exactly 0
     p        = fraction of the group that is correct (R_i > reward_threshold)
     d_weight = 4 p (1 - p)                           the authors' 1 - 4 (d - 0.5)^2 with difficulty d = 1 - p
     c        = exp(mean_i lpm_i)                     the group's confidence
@@ -21,7 +22,8 @@ capo-verl estimator) where the authors count ``R_i == 1.0``; everything is vecto
 loop in Python, c in float64). CoDaPO's resampling (CoDaSampling / CoDaLearning: every batch used twice, the
 second time only its top-quarter questions by weight, each repeated 4 times; ``codapo/ray_trainer.py``) is not
 part of this estimator: verl 0.9.1 has no public hook through which the advantage step can choose the next
-step's prompts (see the README).
+step's prompts (see the README). Nothing here imports verl; ``capo_verl.compat.methods`` registers
+:func:`compute_codapo_outcome_advantage`.
 """
 
 from __future__ import annotations
@@ -32,15 +34,13 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
-    behaviour_log_probs,
     check_number,
-    correct_mask,
-    group_ids,
     grpo_group_advantages,
+    norm_adv_by_std,
+    read_batch,
     read_config_section,
-    row_sweep,
+    record_step_metrics,
 )
-from capo_verl.metrics import capo_step_metrics
 
 __all__ = ["CodapoConfig", "codapo_group_weights", "codapo_advantages", "compute_codapo_outcome_advantage"]
 
@@ -144,11 +144,6 @@ def codapo_advantages(
     return adv, weight, confidence, difficulty_weight
 
 
-# --- registration with verl (the only part that touches capo_verl.compat) ---------------------------------------
-from capo_verl.compat.advantage import record_step_metrics, register_batch_aware_adv_est  # noqa: E402
-
-
-@register_batch_aware_adv_est("codapo", batch_keys=("old_log_probs", "rollout_log_probs"))
 def compute_codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -160,10 +155,11 @@ def compute_codapo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CoDaPO advantages for ``algorithm.adv_estimator=codapo`` (see the module docstring for the formula).
 
-    Called by verl's ``compute_advantage``; capo_verl.compat forwards ``old_log_probs`` and ``rollout_log_probs``.
-    Records the batch's ``capo/*`` calibration metrics (correctness by ``algorithm.codapo.reward_threshold``)
-    and ``codapo/weight_mean``, ``codapo/weight_max``, ``codapo/confidence_mean``,
-    ``codapo/difficulty_weight_mean`` (means over the batch's questions) for the step's metrics.
+    verl's ``compute_advantage`` calls this (registered by :mod:`capo_verl.compat.methods`, which forwards
+    ``old_log_probs`` and ``rollout_log_probs``). Records the batch's ``capo/*`` calibration metrics (correctness by
+    ``algorithm.codapo.reward_threshold``) and ``codapo/weight_mean``, ``codapo/weight_max``,
+    ``codapo/confidence_mean``, ``codapo/difficulty_weight_mean`` (means over the batch's questions) for the step's
+    metrics.
 
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum.
@@ -183,24 +179,15 @@ def compute_codapo_outcome_advantage(
             value; each message names the key and the fix.
     """
     cfg = CodapoConfig.from_algorithm_config(config)
-    norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
-    bs = token_level_rewards.shape[0]
-    gid_np, n_groups = group_ids(index, bs, "codapo")
-    log_probs, lp_key = behaviour_log_probs(old_log_probs, rollout_log_probs, "codapo")
-    out, n_valid, sums, score = row_sweep(response_mask, {lp_key: log_probs}, token_level_rewards)
-    lpm = sums[lp_key] / n_valid.clamp_min(1.0)
-    correct = correct_mask(score, cfg.reward_threshold)
-    gid = torch.from_numpy(gid_np).to(lpm.device)
-
+    batch = read_batch(
+        "codapo", token_level_rewards, response_mask, index, cfg.reward_threshold,
+        old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
+    )  # fmt: skip
     adv, weight, confidence, difficulty_weight = codapo_advantages(
-        score, lpm, correct, gid, n_groups, norm_by_std, cfg.weight_offset
+        batch.score, batch.lpm, batch.correct, batch.gid, batch.n_groups, norm_adv_by_std(config), cfg.weight_offset
     )
-
-    metrics = capo_step_metrics(
-        lpm.numpy(force=True), correct.numpy(force=True), gid_np, (n_valid > 0).numpy(force=True),
-        adv=adv.numpy(force=True),
-    )
-    if n_groups:
+    metrics = batch.calibration_metrics(adv)
+    if batch.n_groups:
         metrics.update(
             {
                 "codapo/weight_mean": float(weight.mean()),
@@ -210,5 +197,5 @@ def compute_codapo_outcome_advantage(
             }
         )
     record_step_metrics(metrics)
-    advantages = out.mul_(adv.unsqueeze(-1))  # (bs, T): A_i on valid tokens, 0 on padding
+    advantages = batch.broadcast(adv)
     return advantages, advantages

@@ -1,40 +1,75 @@
-"""Pieces every capo-verl estimator shares: masked sequence means, group ids and group statistics, correctness,
-the reference-PPL noise mask, and reading a config section.
+"""Pieces every capo-verl estimator shares, written once: reading the batch (group ids, behaviour log-probs, masked
+sequence means, outcome and correctness, reference perplexity), grouping ragged groups by size, GRPO's group
+statistics, the reference-PPL noise mask, reading and checking a config section, and the per-step metrics queue.
 
-Plain tensors in, plain tensors out: nothing here imports verl. All reductions accumulate in float32; memory is
-O(bs) beyond the inputs, or O(bs * G_max) for the padded group tables.
+Plain tensors in, plain tensors out: nothing here imports verl or Ray. Masked sums accumulate in float32; memory is
+O(bs) beyond the inputs, plus one float32 ``(bs, response_length)`` buffer that becomes the estimator's output.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from dataclasses import fields
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
 import torch
 
+from capo_verl.metrics import capo_step_metrics
+
 logger = logging.getLogger("capo_verl")
 
 __all__ = [
+    "BatchView",
+    "read_batch",
+    "norm_adv_by_std",
     "sequence_mean",
     "group_ids",
-    "group_table",
+    "GroupLayout",
+    "group_layout",
     "grpo_group_advantages",
     "correct_mask",
     "reference_ppl_mask",
     "behaviour_log_probs",
+    "require_ref_log_prob",
     "read_config_section",
     "check_positive",
     "check_number",
+    "record_step_metrics",
+    "pop_step_metrics",
+    "queued_step_metrics",
 ]
 
 #: Rows per block of :func:`row_sweep` on CPU: a block of every input stays in cache across its row sums.
 _CPU_ROW_BLOCK = 256
 
 
+# --- the per-step metrics queue ------------------------------------------------------------------------------------
+#: Metrics recorded by an estimator during the current step; capo_verl.compat moves them into the trainer's metrics.
+_STEP_METRICS: dict[str, float] = {}
+
+
+def record_step_metrics(metrics: Mapping[str, float]) -> None:
+    """Queue ``{name: float}`` metrics for the current training step (read back by :func:`pop_step_metrics`)."""
+    _STEP_METRICS.update(metrics)
+
+
+def pop_step_metrics() -> dict[str, float]:
+    """Return and clear the metrics queued by :func:`record_step_metrics`."""
+    out = dict(_STEP_METRICS)
+    _STEP_METRICS.clear()
+    return out
+
+
+def queued_step_metrics() -> Mapping[str, float]:
+    """A read-only view of the metrics queued so far in this step (not cleared)."""
+    return MappingProxyType(_STEP_METRICS)
+
+
+# --- reading the batch ---------------------------------------------------------------------------------------------
 def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean over each response's valid tokens, accumulated in float32 (e.g. lpm from ``old_log_probs``).
 
@@ -128,90 +163,6 @@ def group_ids(index, bs: int, estimator: str = "capo") -> tuple[np.ndarray, int]
     return gid.astype(np.int64, copy=False), len(keys)
 
 
-def group_table(gid: torch.Tensor, n_groups: int):
-    """Layout of ragged, interleaved groups as rows of a padded ``(n_groups, G_max)`` table.
-
-    Args:
-        gid: ``(bs,)`` int64 dense group ids in [0, n_groups).
-        n_groups: number of groups.
-
-    Returns:
-        ``(order, g_sorted, slot, sizes, g_max)``: response ``order[k]`` sits at ``[g_sorted[k], slot[k]]``;
-        ``sizes`` is ``(n_groups,)`` int64. Fill a table with ``t[g_sorted, slot] = x[order]`` and read it back
-        with ``out[order] = t[g_sorted, slot]``.
-    """
-    bs = gid.shape[0]
-    order = torch.argsort(gid, stable=True)
-    sizes = torch.bincount(gid, minlength=n_groups)
-    g_max = int(sizes.max()) if bs else 0
-    starts = torch.cumsum(sizes, 0) - sizes
-    g_sorted = gid[order]
-    slot = torch.arange(bs, device=gid.device) - starts[g_sorted]
-    return order, g_sorted, slot, sizes, g_max
-
-
-def grpo_group_advantages(
-    scores: torch.Tensor,
-    gid: torch.Tensor,
-    n_groups: int,
-    norm_by_std: bool = True,
-    epsilon: float = 1e-6,
-) -> torch.Tensor:
-    """GRPO's outcome advantage per response: ``(R_i - mean R) / (std R + epsilon)`` within each group.
-
-    The same statistics as verl 0.9.1's ``core_algos.compute_grpo_outcome_advantage``
-    (``verl/trainer/ppo/core_algos.py``): ``torch.mean`` and ``torch.std`` (unbiased, n - 1) of the group's
-    scores; a group with a single response has mean 0 and std 1. With ``norm_by_std=False``: ``R_i - mean R``
-    (Dr. GRPO). Vectorised per group size: the groups of each size s form an ``(n_s, s)`` table reduced along its
-    rows, so no Python loop over responses.
-
-    Args:
-        scores: ``(bs,)`` float32 outcome per response.
-        gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
-        n_groups: number of groups.
-        norm_by_std: divide by the group's std (``algorithm.norm_adv_by_std_in_grpo``).
-        epsilon: added to the std.
-
-    Returns:
-        ``(bs,)`` tensor of ``scores``' dtype.
-    """
-    order, g_sorted, slot, sizes, g_max = group_table(gid, n_groups)
-    mean = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
-    std = torch.ones(n_groups, dtype=scores.dtype, device=scores.device)
-    if g_max:
-        table = torch.zeros((n_groups, g_max), dtype=scores.dtype, device=scores.device)
-        table[g_sorted, slot] = scores[order]
-        for size in torch.unique(sizes).tolist():
-            if size < 2:
-                continue  # verl: mean 0, std 1 for a lone response
-            rows = (sizes == size).nonzero().flatten()
-            sub = table[rows, :size]
-            mean[rows] = torch.mean(sub, dim=1)
-            std[rows] = torch.std(sub, dim=1)
-    centred = scores - mean[gid]
-    return centred / (std[gid] + epsilon) if norm_by_std else centred
-
-
-def correct_mask(score: torch.Tensor, reward_threshold: float) -> torch.Tensor:
-    """``(bs,)`` bool: a response is correct iff its summed reward ``score`` is > ``reward_threshold``."""
-    return score > reward_threshold
-
-
-def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: float, ref_low: float) -> torch.Tensor:
-    """The noise mask m(o) of CAPO's Eq. 18.
-
-    Args:
-        ref_ppl: ``(bs,)`` reference-model perplexity ``exp(-mean ref_log_prob)`` (>= 1 for real models).
-        correct: ``(bs,)`` bool.
-        ref_high, ref_low: thresholds (perplexity units).
-
-    Returns:
-        ``(bs,)`` bool, False where the response's advantage is dropped: correct with PPL_ref > ref_high,
-        or incorrect with PPL_ref < ref_low.
-    """
-    return torch.where(correct, ref_ppl <= ref_high, ref_ppl >= ref_low)
-
-
 _warned_rollout_log_probs: set[str] = set()
 
 
@@ -239,13 +190,238 @@ def behaviour_log_probs(old_log_probs, rollout_log_probs, estimator: str):
     )
 
 
+def require_ref_log_prob(ref_log_prob, estimator: str) -> None:
+    """Raise ValueError naming ``ref_log_prob`` and the fix if it is None (the noise mask needs it)."""
+    if ref_log_prob is None:
+        raise ValueError(
+            f"{estimator} with algorithm.capo.use_mask=true needs 'ref_log_prob' (reference-model log-probs) in "
+            "the batch, and it is missing. In verl's trainer capo-verl turns the reference pass on by itself; if "
+            "you disabled it, configure actor_rollout_ref.ref, or set algorithm.capo.use_mask=false to train "
+            "without the noise mask (when calling directly, pass ref_log_prob=(bs, response_length))"
+        )
+
+
+@dataclass
+class BatchView:
+    """What an estimator reads from verl's batch, computed once by :func:`read_batch` (bs responses).
+
+    Attributes:
+        gid_np: ``(bs,)`` int64 numpy dense group ids in [0, n_groups) (from ``uid``).
+        gid: the same as a torch tensor on the inputs' device.
+        n_groups: number of groups (questions).
+        n_valid: ``(bs,)`` float32 number of valid response tokens.
+        valid: ``(bs,)`` bool, the response has at least one valid token.
+        score: ``(bs,)`` float32 outcome R_i, the sum of ``token_level_rewards``.
+        correct: ``(bs,)`` bool, ``score > reward_threshold``.
+        lpm: ``(bs,)`` float32 mean behaviour log-prob over valid tokens (nats; 0 without valid tokens), or None.
+        ref_ppl: ``(bs,)`` float32 reference perplexity ``exp(-mean ref_log_prob)``, or None.
+        out: ``(bs, T)`` float32 copy of ``response_mask``, overwritten by :meth:`broadcast`.
+    """
+
+    gid_np: np.ndarray
+    gid: torch.Tensor
+    n_groups: int
+    n_valid: torch.Tensor
+    valid: torch.Tensor
+    score: torch.Tensor
+    correct: torch.Tensor
+    lpm: torch.Tensor | None
+    ref_ppl: torch.Tensor | None
+    out: torch.Tensor
+
+    def broadcast(self, adv: torch.Tensor) -> torch.Tensor:
+        """``(bs, T)`` float32: the sequence advantage ``adv`` ``(bs,)`` on valid tokens, 0 on padding (in place)."""
+        return self.out.mul_(adv.to(torch.float32).unsqueeze(-1))
+
+    def calibration_metrics(self, adv: torch.Tensor, keep: torch.Tensor | None = None) -> dict[str, float]:
+        """:func:`capo_verl.metrics.capo_step_metrics` of this batch (needs ``lpm``) with sequence advantages."""
+        return capo_step_metrics(
+            self.lpm.numpy(force=True),
+            self.correct.numpy(force=True),
+            self.gid_np,
+            self.valid.numpy(force=True),
+            adv=adv.numpy(force=True),
+            ref_ppl=None if self.ref_ppl is None else self.ref_ppl.numpy(force=True),
+            keep=None if keep is None else keep.numpy(force=True),
+        )
+
+
+def read_batch(
+    estimator: str,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index,
+    reward_threshold: float,
+    *,
+    old_log_probs: torch.Tensor | None = None,
+    rollout_log_probs: torch.Tensor | None = None,
+    need_lpm: bool = True,
+    ref_log_prob: torch.Tensor | None = None,
+    need_ref: bool = False,
+) -> BatchView:
+    """The prologue every estimator shares: group ids, outcome, correctness, lpm and reference PPL, in one sweep.
+
+    Args:
+        estimator: the estimator's name, for error messages.
+        token_level_rewards: ``(bs, T)`` rewards; R_i is their sum (float32).
+        response_mask: ``(bs, T)`` 1 on valid response tokens.
+        index: ``(bs,)`` group id (verl ``uid``) per response.
+        reward_threshold: a response is correct iff R_i > this.
+        old_log_probs, rollout_log_probs: ``(bs, T)`` behaviour log-probs (nats); the first present one gives lpm.
+        need_lpm: read the behaviour log-probs (an error when both are None).
+        ref_log_prob: ``(bs, T)`` reference-model log-probs (nats), or None.
+        need_ref: ``ref_log_prob`` is required (the noise mask is on).
+
+    Returns:
+        A :class:`BatchView`.
+
+    Raises:
+        ValueError: missing ``uid``, log-probs (``need_lpm``) or ``ref_log_prob`` (``need_ref``); a shape mismatch;
+            NaN/inf at a valid token of a log-prob that is used. Each message names the key and the fix.
+    """
+    bs = token_level_rewards.shape[0]
+    gid_np, n_groups = group_ids(index, bs, estimator)
+    masked = {}
+    lp_key = None
+    if need_lpm:
+        log_probs, lp_key = behaviour_log_probs(old_log_probs, rollout_log_probs, estimator)
+        masked[lp_key] = log_probs
+    if need_ref:
+        require_ref_log_prob(ref_log_prob, estimator)
+    if ref_log_prob is not None:
+        masked["ref_log_prob"] = ref_log_prob
+    out, n_valid, sums, score = row_sweep(response_mask, masked, token_level_rewards)
+    denom = n_valid.clamp_min(1.0)
+    return BatchView(
+        gid_np=gid_np,
+        gid=torch.from_numpy(gid_np).to(out.device),
+        n_groups=n_groups,
+        n_valid=n_valid,
+        valid=n_valid > 0,
+        score=score,
+        correct=correct_mask(score, reward_threshold),
+        lpm=None if lp_key is None else sums[lp_key] / denom,
+        ref_ppl=None if ref_log_prob is None else torch.exp(-sums["ref_log_prob"] / denom),  # PPL_ref, Eq. 16
+        out=out,
+    )
+
+
+def norm_adv_by_std(config) -> bool:
+    """``algorithm.norm_adv_by_std_in_grpo`` of verl's algorithm config (default true, as verl's)."""
+    return True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+
+
+# --- groups ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupLayout:
+    """Ragged, interleaved groups sorted into contiguous runs; O(bs) memory, no padded table.
+
+    Attributes:
+        order: ``(bs,)`` int64, response ``order[k]`` is the k-th in group-sorted order (stable within a group).
+        sizes: ``(n_groups,)`` int64 group sizes.
+        starts: ``(n_groups,)`` int64 offset of each group's run in the sorted order.
+    """
+
+    order: torch.Tensor
+    sizes: torch.Tensor
+    starts: torch.Tensor
+
+    def buckets(
+        self, select: torch.Tensor | None = None, min_size: int = 1
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """For each distinct group size s >= ``min_size``: ``(s, groups, idx)`` with ``groups`` ``(n_s,)`` int64 the
+        ids of the n_s groups of that size (only those where ``select`` ``(n_groups,)`` bool is True) and ``idx``
+        ``(n_s, s)`` int64 their members' positions in the sorted order.
+
+        ``x_sorted[idx]`` is then an ``(n_s, s)`` table of those groups; there is one Python iteration per distinct
+        size, not per group or response.
+        """
+        keep = self.sizes >= min_size
+        if select is not None:
+            keep &= select
+        for size in torch.unique(self.sizes[keep]).tolist():
+            groups = (keep & (self.sizes == size)).nonzero().flatten()
+            idx = self.starts[groups].unsqueeze(1) + torch.arange(size, device=self.sizes.device)
+            yield size, groups, idx
+
+
+def group_layout(gid: torch.Tensor, n_groups: int) -> GroupLayout:
+    """:class:`GroupLayout` of dense group ids ``gid`` ``(bs,)`` int64 in [0, n_groups)."""
+    order = torch.argsort(gid, stable=True)
+    sizes = torch.bincount(gid, minlength=n_groups)
+    return GroupLayout(order=order, sizes=sizes, starts=torch.cumsum(sizes, 0) - sizes)
+
+
+def grpo_group_advantages(
+    scores: torch.Tensor,
+    gid: torch.Tensor,
+    n_groups: int,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's outcome advantage per response: ``(R_i - mean R) / (std R + epsilon)`` within each group.
+
+    Group statistics (``verl/trainer/ppo/core_algos.py::compute_grpo_outcome_advantage``, verl 0.9.1): ``torch.mean``
+    and ``torch.std`` (unbiased, n - 1) of the group's scores in ``scores``' dtype, so the result is bit-equal to
+    verl's for every group whose scores are not all equal. A group of two or more responses whose scores are all
+    exactly equal gets exactly 0 (verl's float32 mean of equal values can be off by one rounding, which its std of
+    ~1e-7 then blows up to a uniform advantage of up to ~0.1, e.g. seven scores of 0.7). A group with a single
+    response keeps verl's convention: mean 0 and std 1, so its advantage is R_i / (1 + epsilon) (R_i without
+    ``norm_by_std``). With ``norm_by_std=False``: ``R_i - mean R`` (Dr. GRPO). Vectorised per group size.
+
+    Args:
+        scores: ``(bs,)`` float outcome per response (float32 for verl's bits).
+        gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
+        n_groups: number of groups.
+        norm_by_std: divide by the group's std (``algorithm.norm_adv_by_std_in_grpo``).
+        epsilon: added to the std.
+
+    Returns:
+        ``(bs,)`` tensor of ``scores``' dtype. Memory O(bs).
+    """
+    layout = group_layout(gid, n_groups)
+    sorted_scores = scores[layout.order]
+    mean = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
+    std = torch.ones(n_groups, dtype=scores.dtype, device=scores.device)
+    constant = torch.zeros(n_groups, dtype=torch.bool, device=scores.device)
+    for _, groups, idx in layout.buckets(min_size=2):  # verl: mean 0, std 1 for a lone response
+        table = sorted_scores[idx]  # (n_s, size)
+        mean[groups] = torch.mean(table, dim=1)
+        std[groups] = torch.std(table, dim=1)
+        constant[groups] = table.amax(dim=1) == table.amin(dim=1)
+    centred = torch.where(constant[gid], torch.zeros((), dtype=scores.dtype), scores - mean[gid])
+    return centred / (std[gid] + epsilon) if norm_by_std else centred
+
+
+def correct_mask(score: torch.Tensor, reward_threshold: float) -> torch.Tensor:
+    """``(bs,)`` bool: a response is correct iff its summed reward ``score`` is > ``reward_threshold``."""
+    return score > reward_threshold
+
+
+def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: float, ref_low: float) -> torch.Tensor:
+    """The noise mask m(o) of CAPO's Eq. 18.
+
+    Args:
+        ref_ppl: ``(bs,)`` reference-model perplexity ``exp(-mean ref_log_prob)`` (>= 1 for real models).
+        correct: ``(bs,)`` bool.
+        ref_high, ref_low: thresholds (perplexity units).
+
+    Returns:
+        ``(bs,)`` bool, False where the response's advantage is dropped: correct with PPL_ref > ref_high,
+        or incorrect with PPL_ref < ref_low.
+    """
+    return torch.where(correct, ref_ppl <= ref_high, ref_ppl >= ref_low)
+
+
+# --- config ----------------------------------------------------------------------------------------------------------
 def read_config_section(cls, config, section_name: str, unknown_hint: Mapping[str, str] | None = None):
     """Build dataclass ``cls`` from ``config.<section_name>`` (verl's algorithm config: DictConfig, dict,
     dataclass or None); an absent section gives ``cls()``.
 
     Raises:
         ValueError: an unknown key under ``algorithm.<section_name>`` (a typo would otherwise be ignored; a key in
-            ``unknown_hint`` gets that explanation), or the section is not a mapping.
+            ``unknown_hint`` gets that explanation), or the section is not a mapping; and whatever ``cls`` raises
+            for a bad value.
     """
     if config is None:
         section = None
@@ -260,7 +436,7 @@ def read_config_section(cls, config, section_name: str, unknown_hint: Mapping[st
             from omegaconf import OmegaConf
 
             section = OmegaConf.to_container(section, resolve=True)
-        except Exception as exc:  # pragma: no cover - defensive
+        except Exception as exc:  # not a config node either
             raise ValueError(f"algorithm.{section_name} must be a mapping, got {type(section).__name__}") from exc
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(section) - known)

@@ -1,6 +1,6 @@
-"""The paper's "GRPO + mask only" ablation (appendix), registered with verl as ``grpo_mask``: verl's GRPO advantage
+"""The paper's "GRPO + mask only" ablation (appendix), registered with verl as ``grpo_mask``: GRPO's advantage
 times CAPO's reference-PPL noise mask (Eq. 18). Reads ``algorithm.capo.{ref_high, ref_low, use_mask,
-reward_threshold}`` and ``algorithm.norm_adv_by_std_in_grpo``.
+reward_threshold}`` and ``algorithm.norm_adv_by_std_in_grpo``. Nothing here imports verl.
 """
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from capo_verl.compat.advantage import record_step_metrics, register_batch_aware_adv_est
-from capo_verl.estimators.capo import CapoConfig, require_ref_log_prob
-from capo_verl.estimators.common import correct_mask, group_ids, reference_ppl_mask, sequence_mean
+from capo_verl.estimators.capo import CapoConfig
+from capo_verl.estimators.common import (
+    grpo_group_advantages,
+    norm_adv_by_std,
+    read_batch,
+    record_step_metrics,
+    reference_ppl_mask,
+)
 
 __all__ = ["compute_grpo_mask_outcome_advantage"]
 
 
-@register_batch_aware_adv_est(
-    "grpo_mask",
-    batch_keys=("ref_log_prob",),
-    needs_reference_policy=lambda algorithm: CapoConfig.from_algorithm_config(algorithm).use_mask,
-)
 def compute_grpo_mask_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -28,45 +28,40 @@ def compute_grpo_mask_outcome_advantage(
     ref_log_prob: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ablation "GRPO + mask" (paper appendix): verl's GRPO advantage times the noise mask of Eq. 18.
+    """Ablation "GRPO + mask" (paper appendix): GRPO's advantage times the noise mask of Eq. 18.
 
-    GRPO's advantage comes from verl's ``core_algos.compute_grpo_outcome_advantage`` with
-    ``algorithm.norm_adv_by_std_in_grpo`` (default true; the paper's Dr. GRPO baseline sets false).
-    The mask uses ``algorithm.capo.{ref_high, ref_low, use_mask, reward_threshold}``.
+    GRPO's advantage is :func:`~capo_verl.estimators.common.grpo_group_advantages` with
+    ``algorithm.norm_adv_by_std_in_grpo`` (default true; the paper's Dr. GRPO baseline sets false): bit-equal to
+    verl's ``core_algos.compute_grpo_outcome_advantage`` except that a group whose rewards are all equal gets exactly
+    0. The mask uses ``algorithm.capo.{ref_high, ref_low, use_mask, reward_threshold}``. Records
+    ``capo/mask_frac_correct`` and ``capo/mask_frac_incorrect`` (the ``capo/*`` calibration metrics are added by
+    ``capo_verl.compat`` from the batch, as for any estimator).
 
     Args:
-        token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum.
+        token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum (float32).
         response_mask: ``(bs, response_length)`` 1 on valid response tokens.
         index: ``(bs,)`` group id (verl ``uid``) per response.
         config: verl's algorithm config.
         ref_log_prob: ``(bs, response_length)`` reference-model log-probs (nats); needed when use_mask.
 
     Returns:
-        ``(advantages, returns)``: the same ``(bs, response_length)`` tensor (float32 for float32 rewards).
+        ``(advantages, returns)``: the same ``(bs, response_length)`` float32 tensor, 0 on padding.
 
     Raises:
         ValueError: missing ``uid`` or ``ref_log_prob`` (mask on), NaN/inf in ``ref_log_prob``, or an invalid
             ``algorithm.capo`` value; each message names the key and the fix.
     """
-    from verl.trainer.ppo import core_algos
-
     cfg = CapoConfig.from_algorithm_config(config)
-    group_ids(index, token_level_rewards.shape[0], "grpo_mask")  # validates uid
-    norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
-    advantages, _ = core_algos.compute_grpo_outcome_advantage(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        index=index,
-        norm_adv_by_std_in_grpo=norm_by_std,
-    )
+    batch = read_batch(
+        "grpo_mask", token_level_rewards, response_mask, index, cfg.reward_threshold,
+        need_lpm=False, ref_log_prob=ref_log_prob if cfg.use_mask else None, need_ref=cfg.use_mask,
+    )  # fmt: skip
+    adv = grpo_group_advantages(batch.score, batch.gid, batch.n_groups, norm_adv_by_std(config))
     if cfg.use_mask:
-        correct = correct_mask(token_level_rewards.sum(-1, dtype=torch.float32), cfg.reward_threshold)
-        require_ref_log_prob(ref_log_prob, "grpo_mask")
-        ref_ppl = torch.exp(-sequence_mean(ref_log_prob, response_mask, "ref_log_prob")[0])
-        keep = reference_ppl_mask(ref_ppl, correct, cfg.ref_high, cfg.ref_low)
-        advantages = advantages * keep.unsqueeze(-1)
-        valid = response_mask.sum(-1) > 0
-        for name, sel in (("correct", correct & valid), ("incorrect", ~correct & valid)):
+        keep = reference_ppl_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)
+        adv = adv * keep
+        for name, sel in (("correct", batch.correct & batch.valid), ("incorrect", ~batch.correct & batch.valid)):
             if sel.any():
                 record_step_metrics({f"capo/mask_frac_{name}": float((~keep[sel]).float().mean())})
+    advantages = batch.broadcast(adv)
     return advantages, advantages

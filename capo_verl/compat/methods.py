@@ -1,0 +1,167 @@
+"""The one place where capo-verl's methods are made known to verl: estimator registration and the config check.
+
+1. **Registration** (:func:`register_estimators`): every advantage estimator of :mod:`capo_verl.estimators` is
+   registered with verl's ``core_algos.register_adv_est`` under its ``algorithm.adv_estimator`` name, through
+   :func:`capo_verl.compat.advantage.register_batch_aware_adv_est` (which forwards the batch keys listed in
+   :data:`ESTIMATORS` from ``data.batch``). The table below is the only list of them.
+2. **Config check** (:func:`check_method_configs`): verl's ``validate_config`` (``verl/utils/config.py``; called by
+   ``verl.trainer.main_ppo.main`` and ``main_ppo_v0`` before Ray starts and before any model loads, and by the
+   repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook for every method:
+
+   - ``algorithm.capo.*`` (read by ``capo`` and ``grpo_mask``), ``algorithm.codapo.*``, ``algorithm.cde.*``: parsed
+     by :class:`~capo_verl.estimators.CapoConfig`, :class:`~capo_verl.estimators.CodapoConfig`,
+     :class:`~capo_verl.estimators.CdeConfig` whenever the section is present or the selected estimator reads it
+     (unknown keys, wrong types, out-of-range values, CoDaPO's unimplemented resampling keys);
+   - ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
+     step to the advantage step, so the schedule would fail at the first update (after rollouts);
+   - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
+     (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
+
+   Every refusal is a ValueError naming the key and the fix. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
+   trainer whatever ``trainer.use_v1`` says; the check cannot see that.
+
+:mod:`capo_verl.plugin` (the ``verl.plugins`` entry point loaded at every ``import verl``) calls
+:func:`hook_validate_config` after :func:`capo_verl.compat.install` and :func:`register_estimators` in any case;
+both apply their patch right after verl executes the module concerned (:func:`capo_verl.compat.after_import`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
+from capo_verl.estimators.cde import CdeConfig, compute_cde_outcome_advantage
+from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
+from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
+
+from . import after_import, check_signature
+from .advantage import register_batch_aware_adv_est
+from .simko import check_simko_setup
+
+__all__ = [
+    "ESTIMATORS",
+    "SECTIONS",
+    "EstimatorSpec",
+    "check_method_configs",
+    "hook_validate_config",
+    "register_estimators",
+]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """How verl calls one of capo-verl's estimators.
+
+    Attributes:
+        fn: the estimator, with verl's signature ``fn(token_level_rewards, response_mask, index, config, **batch)``.
+        batch_keys: ``data.batch`` tensors passed to ``fn`` as keywords when present.
+        section: the ``algorithm.<section>`` it reads.
+        needs_reference_policy: ``f(algorithm_config) -> bool``, true when it needs ``ref_log_prob``; or None.
+        needs_training_step: it is passed ``global_step=`` (verl's ``trainer.global_steps``).
+    """
+
+    fn: Callable
+    batch_keys: tuple[str, ...]
+    section: str
+    needs_reference_policy: Callable[[object], bool] | None = None
+    needs_training_step: bool = False
+
+
+def _noise_mask_on(algorithm) -> bool:
+    """``algorithm.capo.use_mask``: the noise mask needs the reference model's log-probs."""
+    return CapoConfig.from_algorithm_config(algorithm).use_mask
+
+
+#: ``algorithm.adv_estimator`` name -> how verl calls it.
+ESTIMATORS: dict[str, EstimatorSpec] = {
+    "capo": EstimatorSpec(
+        compute_capo_outcome_advantage, ("old_log_probs", "rollout_log_probs", "ref_log_prob"), "capo", _noise_mask_on
+    ),
+    "grpo_mask": EstimatorSpec(compute_grpo_mask_outcome_advantage, ("ref_log_prob",), "capo", _noise_mask_on),
+    "codapo": EstimatorSpec(compute_codapo_outcome_advantage, ("old_log_probs", "rollout_log_probs"), "codapo"),
+    "cde": EstimatorSpec(
+        compute_cde_outcome_advantage, ("old_log_probs", "rollout_log_probs"), "cde", needs_training_step=True
+    ),
+}
+
+#: ``algorithm.<section>`` -> the dataclass that parses and checks it.
+SECTIONS = {"capo": CapoConfig, "codapo": CodapoConfig, "cde": CdeConfig}
+
+
+def _register_all(core_algos=None) -> None:
+    for name, spec in ESTIMATORS.items():
+        register_batch_aware_adv_est(
+            name,
+            batch_keys=spec.batch_keys,
+            needs_reference_policy=spec.needs_reference_policy,
+            needs_training_step=spec.needs_training_step,
+        )(spec.fn)
+
+
+def register_estimators() -> None:
+    """Register every estimator of :data:`ESTIMATORS` with verl's ``ADV_ESTIMATOR_REGISTRY``, right after verl
+    executes ``verl/trainer/ppo/core_algos.py`` (now, if it already has). Idempotent."""
+    after_import("verl.trainer.ppo.core_algos", _register_all)
+
+
+def _get(node, key: str):
+    return node.get(key, None) if node is not None and hasattr(node, "get") else None
+
+
+def check_method_configs(config) -> None:
+    """Check every capo-verl method's keys in a full trainer config (see the module docstring for what).
+
+    Args:
+        config: the composed trainer config (OmegaConf ``DictConfig``), as verl's ``validate_config`` receives it.
+
+    Raises:
+        ValueError: an invalid ``algorithm.capo|codapo|cde.*`` key or value, a CDE step schedule on the legacy
+            trainer, or a SimKO setup that cannot run; the message names the key and the fix.
+    """
+    algorithm = _get(config, "algorithm")
+    name = _get(algorithm, "adv_estimator")
+    name = getattr(name, "value", name)
+    used = ESTIMATORS[name].section if name in ESTIMATORS else None
+    parsed = {}
+    for section, cls in SECTIONS.items():
+        if section == used or _get(algorithm, section) is not None:
+            parsed[section] = cls.from_algorithm_config(algorithm)
+    cde = parsed.get("cde")
+    use_v1 = _get(_get(config, "trainer"), "use_v1")
+    if name == "cde" and cde.w_zero_after_step is not None and use_v1 is False:
+        raise ValueError(
+            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer: "
+            "with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
+            "estimator, and the first update would stop. Set trainer.use_v1=true, or "
+            "algorithm.cde.w_zero_after_step=null for a constant bonus weight."
+        )
+    if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
+        check_simko_setup(config)
+
+
+def _patch_validate_config(config_utils) -> None:
+    """verl/utils/config.py: ``validate_config`` runs :func:`check_method_configs` before verl's own checks."""
+    original = config_utils.validate_config
+    if getattr(original, "__capo_verl__", False):
+        return
+    check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
+
+    @functools.wraps(original)
+    def validate_config(config, use_reference_policy, use_critic):
+        check_method_configs(config)
+        return original(config, use_reference_policy, use_critic)
+
+    validate_config.__capo_verl__ = True
+    config_utils.validate_config = validate_config
+
+
+def hook_validate_config() -> None:
+    """Make verl's ``validate_config`` run :func:`check_method_configs` first, right after verl executes
+    ``verl/utils/config.py`` (so ``main_ppo``'s ``from verl.utils.config import validate_config`` binds the hook).
+
+    Raises:
+        RuntimeError: (at that import) ``validate_config``'s parameters are not verl 0.9.1's.
+    """
+    after_import("verl.utils.config", _patch_validate_config)

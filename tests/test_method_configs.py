@@ -1,0 +1,129 @@
+"""Every capo-verl method's keys are refused where verl validates its config: verl's real ``validate_config``
+(``verl/utils/config.py``, hooked once by capo_verl/compat/methods.py), on configs composed from configs/ like
+``verl.trainer.main_ppo`` and the launch scripts' ``--dry-run`` do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+
+pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+PATH_VARIABLES = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
+
+
+@pytest.fixture(autouse=True)
+def _no_path_variables(monkeypatch):
+    for key in PATH_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+
+
+def validate(name: str, *overrides: str, use_reference_policy: bool | None = None):
+    """Compose ``configs/<name>.yaml`` with ``overrides`` and run verl's validate_config on it."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=name, overrides=list(overrides))
+    if use_reference_policy is None:
+        use_reference_policy = need_reference_policy(cfg)
+    validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=need_critic(cfg))
+    return cfg
+
+
+CODAPO, CDE, CAPO, GRPO = (f"{method}_qwen2.5_math_1.5b" for method in ("codapo", "cde", "capo", "grpo"))
+
+
+@pytest.mark.parametrize(
+    "name, overrides, message",
+    [
+        # CoDaPO
+        (CODAPO, ["algorithm.codapo.weight_offset=-0.1"], r"algorithm\.codapo\.weight_offset must be >= 0"),
+        (CODAPO, ["algorithm.codapo.weight_offset=nan"], r"algorithm\.codapo\.weight_offset must be a finite number"),
+        (CODAPO, ["algorithm.codapo.reward_threshold=high"], r"algorithm\.codapo\.reward_threshold"),
+        (CODAPO, ["+algorithm.codapo.percentile=0.75"], r"algorithm\.codapo\.percentile: CoDaPO's resampling"),
+        (CODAPO, ["+algorithm.codapo.repeat_count=4"], r"algorithm\.codapo\.repeat_count: CoDaPO's resampling"),
+        (CODAPO, ["+algorithm.codapo.weight_ofset=0.1"], r"unknown key.*algorithm\.codapo\.weight_ofset"),
+        # CDE
+        (CDE, ["algorithm.cde.kappa=0"], r"algorithm\.cde\.kappa must be a positive number"),
+        (CDE, ["algorithm.cde.alpha=-1"], r"algorithm\.cde\.alpha must be a positive number"),
+        (CDE, ["algorithm.cde.w0=-1"], r"algorithm\.cde\.w0 must be >= 0"),
+        (CDE, ["algorithm.cde.w_zero_after_step=2.5"], r"algorithm\.cde\.w_zero_after_step must be a non-negative"),
+        (CDE, ["trainer.use_v1=false"], r"algorithm\.cde\.w_zero_after_step=300 .*needs verl's v1 trainer.*"
+                                        r"trainer\.use_v1=true"),
+        (CDE, ["+algorithm.cde.w_0=1"], r"unknown key.*algorithm\.cde\.w_0"),
+        # CAPO (use_reference_policy given: need_reference_policy itself would already read the section)
+        (CAPO, ["algorithm.capo.tau=1e-50"], r"algorithm\.capo\.tau=1e-50 is outside float32's range"),
+        (CAPO, ["algorithm.capo.ref_high=0.5"], r"algorithm\.capo\.ref_high must be >= 1"),
+        # a method's section is checked wherever it appears, e.g. the capo section read for every run's metrics
+        (GRPO, ["+algorithm.capo.reward_threshold=high"], r"algorithm\.capo\.reward_threshold"),
+        (GRPO, ["+algorithm.cde.kappa=0"], r"algorithm\.cde\.kappa"),
+    ],
+)
+def test_bad_values_stop_in_verls_validate_config(name, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        validate(name, *overrides, use_reference_policy=True)
+
+
+def test_valid_variants_pass():
+    validate(CDE, "trainer.use_v1=false", "algorithm.cde.w_zero_after_step=null")  # constant weight: no step needed
+    validate(CDE, "algorithm.cde.kappa=2", "algorithm.cde.w0=0")
+    validate(CODAPO, "algorithm.codapo.weight_offset=0")
+    validate(CAPO, "algorithm.capo.tau=3e-39")
+
+
+def _local_model(tmp_path: Path, config: dict | None) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "model_config, top_k, message",
+    [
+        ({"vocab_size": 5}, 5, None),
+        ({"vocab_size": 5}, 6, r"policy_loss\.simko\.top_k=6 is larger than the vocabulary .*5 tokens"),
+        ({"text_config": {"vocab_size": 4}}, 6, r"policy_loss\.simko\.top_k=6 is larger .*4 tokens"),
+        (None, 3, r"model\.path=.* is a local directory, but its config\.json could not be read"),
+        ({"hidden_size": 8}, 3, r"config\.json has no integer vocab_size"),
+    ],
+)
+def test_simko_top_k_is_checked_against_a_local_models_vocabulary(tmp_path, model_config, top_k, message):
+    overrides = [f"actor_rollout_ref.model.path={_local_model(tmp_path, model_config)}",
+                 f"actor_rollout_ref.actor.policy_loss.simko.top_k={top_k}"]
+    if message is None:
+        validate("simko_qwen2.5_math_1.5b", *overrides)
+    else:
+        with pytest.raises(ValueError, match=message):
+            validate("simko_qwen2.5_math_1.5b", *overrides)
+
+
+def test_simko_top_k_is_not_checked_for_a_hub_model():
+    """A hub id (not a local directory) is skipped: the vocabulary is unknown before the model is downloaded."""
+    cfg = validate("simko_qwen2.5_math_1.5b", "actor_rollout_ref.actor.policy_loss.simko.top_k=10000000")
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-1.5B"
+
+
+def test_launch_script_dry_run_stops_on_a_bad_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", *PATH_VARIABLES)}
+    env.update(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), HOME=str(tmp_path))
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run",
+         "+algorithm.codapo.percentile=0.75"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode != 0
+    assert "algorithm.codapo.percentile: CoDaPO's resampling" in proc.stderr
+    assert "All configuration checks passed" not in proc.stdout
