@@ -210,7 +210,7 @@ def tiny_model_checkpoint(
     out_dir: str | os.PathLike,
     *,
     vocab_size: int = 384,
-    hidden_size: int = 32,
+    hidden_size: int = 128,
     num_layers: int = 2,
     init_std: float = 0.02,
     seed: int = 0,
@@ -224,7 +224,8 @@ def tiny_model_checkpoint(
     Args:
         out_dir: folder to create (or overwrite files in).
         vocab_size: tokenizer/model vocabulary size.
-        hidden_size: model width (heads: 4 query, 2 key/value; MLP 2x width).
+        hidden_size: model width (heads: 4 query, 2 key/value; MLP 2x width). The default gives heads of 32
+            dimensions, the smallest that vLLM's CPU attention supports.
         num_layers: transformer layers.
         init_std: standard deviation of the random weights (transformers' ``initializer_range``). The default
             gives near-uniform next-token distributions; larger values give peaked ones, whose probabilities

