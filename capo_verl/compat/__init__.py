@@ -152,9 +152,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, cpu, rollout, simko, validation, vllm_cpu
+        from . import advantage, cpu, simko, validation, vllm_cpu
 
-        for part in (advantage, validation, cpu, rollout, simko, vllm_cpu):
+        for part in (advantage, validation, cpu, simko, vllm_cpu):
             part.install()
     except Exception as exc:
         INSTALL_ERROR = exc

