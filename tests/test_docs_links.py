@@ -126,7 +126,8 @@ def heading_anchors(text: str) -> set[str]:
             add(atx.group(2) or "")
             previous = ""
             continue
-        if _SETEXT.match(line) and previous.strip() and "|" not in previous and not re.match(r"^\s*([-*+]|\d+[.)])\s", previous):
+        is_list_item = re.match(r"^\s*([-*+]|\d+[.)])\s", previous)
+        if _SETEXT.match(line) and previous.strip() and "|" not in previous and not is_list_item:
             add(previous.strip())
             previous = ""
             continue
@@ -205,7 +206,8 @@ def test_the_checker_finds_broken_links_and_anchors(tmp_path):
 
 def test_github_slug_rules():
     assert github_slug("The estimator (`capo_verl/estimators/capo.py`)") == "the-estimator-capo_verlestimatorscapopy"
-    assert github_slug("Does CAPO do what the paper says? GRPO vs CAPO") == "does-capo-do-what-the-paper-says-grpo-vs-capo"
+    slug = github_slug("Does CAPO do what the paper says? GRPO vs CAPO")
+    assert slug == "does-capo-do-what-the-paper-says-grpo-vs-capo"
     assert github_slug("SimKO policy loss (`simko`)") == "simko-policy-loss-simko"
     assert github_slug("1. Set paths once (all optional)") == "1-set-paths-once-all-optional"
     assert github_slug("[Link](x.md) and _emphasis_ and snake_case") == "link-and-emphasis-and-snake_case"

@@ -322,7 +322,6 @@ def test_other_loss_modes_give_exactly_verls_original_results(engine, hf_model, 
     td = _padded_batch(seqs, torch.full((BS, R), -5.0))
     config = _actor_config(loss_mode)
     patched = _run(engine, td, config, remove_padding=remove_padding, calculate_entropy=True)
-    assert cls.prepare_model_outputs.__wrapped__ is not None and losses.ppo_loss.__wrapped__ is not None
     saved = cls.prepare_model_outputs
     cls.prepare_model_outputs = saved.__wrapped__  # verl's own method
     try:
@@ -395,7 +394,6 @@ def _trainer_config(*overrides):
 def test_uncovered_setups_stop_in_verls_validate_config(overrides, message):
     from verl.utils.config import validate_config
 
-    assert getattr(validate_config, "__wrapped__", None) is not None  # capo-verl's check runs first
     with pytest.raises(ValueError, match=message):
         validate_config(_trainer_config(*overrides), use_reference_policy=False, use_critic=False)
 
