@@ -75,6 +75,21 @@ def test_sync_timeout_must_be_positive(monkeypatch):
         vllm_cpu.sync_timeout_s()
 
 
+def test_a_sync_with_no_vllm_listening_stops_with_an_error(monkeypatch, tmp_path):
+    """The sender side alone (as when vLLM's worker died): verl's sender, patched by the plugin, gives up in time."""
+    import verl  # noqa: F401  (the plugin patches verl's sender at import)
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "2")
+    sender = BucketedWeightSender(zmq_handle=f"ipc://{tmp_path}/nobody.sock", bucket_size_mb=1, use_shm=True)
+    before = set(os.listdir("/dev/shm"))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="within 2 s"):
+        asyncio.run(sender.async_send_weights(iter([("w", torch.ones(4))])))
+    assert time.monotonic() - start < 30
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("verl_weights_")}
+
+
 def test_shm_cleanup_removes_only_new_unmapped_entries_of_its_patterns(tmp_path, monkeypatch):
     for name in ("psm_new", "verl_weights_abc", "sem.loky-1-x", "unrelated", "psm_held"):
         (tmp_path / name).write_bytes(b"x")
@@ -160,6 +175,7 @@ def _hf_logprobs(hf, token_ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids[1:])[:, None])[:, 0]
 
 
+@pytest.mark.slow  # a vLLM engine
 def test_weights_sync_into_vllm_cpu_and_it_then_computes_the_actors_log_probs(engine):
     llm, hf = engine
     token_ids = list(range(5, 45))
@@ -187,11 +203,12 @@ def test_weights_sync_into_vllm_cpu_and_it_then_computes_the_actors_log_probs(en
     assert (moved - after).abs().max() > 0.1
 
 
+@pytest.mark.slow  # a vLLM engine
 def test_a_failed_sync_stops_with_an_error_instead_of_hanging(engine, monkeypatch):
     llm, hf = engine
     monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "20")
     broken = [(k, torch.zeros(3, 7, dtype=torch.bfloat16)) for k in list(hf.state_dict())[:3]]
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="vLLM did not acknowledge a weight bucket within 20 s"):
+    with pytest.raises(RuntimeError, match="vLLM did not take or acknowledge a weight bucket within 20 s"):
         _sync(llm, broken)
     assert time.monotonic() - start < 120

