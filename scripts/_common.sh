@@ -76,6 +76,14 @@ capo_launch() {
                 _capo_usage "$config_name" >&2
                 return 2
                 ;;
+            ablation=* | +ablation=* | ++ablation=*)
+                if ! [ -f "${CAPO_CONFIG_DIR}/ablation/${arg#*=}.yaml" ]; then
+                    echo "error: $arg: no configs/ablation/${arg#*=}.yaml; choose one of:" \
+                         "$(cd "${CAPO_CONFIG_DIR}/ablation" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
+                    return 2
+                fi
+                overrides+=("$arg")
+                ;;
             *) overrides+=("$arg") ;;
         esac
     done
