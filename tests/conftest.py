@@ -1,0 +1,191 @@
+"""What the tests share: the two tiers, and the end-to-end harness around verl's own trainer.
+
+Tiers (markers registered in pyproject.toml): ``slow`` marks a test that launches verl's trainer
+(``python -m verl.trainer.main_ppo``) or a vLLM engine; every other test is the fast tier. The test command of
+README.md and .ci/run runs the fast tier first, then the slow one.
+
+The end-to-end harness: a tiny random Qwen2 model built offline (``capo_verl.models.tiny_model_checkpoint``, width
+128 = head_dim 32, the smallest vLLM's CPU attention takes; ``init_std`` 0.5 gives peaked next-token
+distributions, so probabilities move visibly when the weights do), GSM8K one-step calculations as verl parquet,
+and a reward that is a deterministic function of the response text, right for about half of random text, so that
+groups are mixed and the calibration metrics (``capo/*``, ``val-calib/...``) are defined. ``run_verl`` runs verl's
+trainer on the repository's CPU profile (``configs/cpu_base.yaml``: v1 trainer, Ray, FSDP2, TransferQueue, verl's
+vLLM rollout) and reads verl's own metrics back from its file logger (``VERL_FILE_LOGGER_PATH``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: one trainer launch: about 1 minute of Ray, TransferQueue, worker and vLLM start-up, then seconds per step
+RUN_TIMEOUT_S = 480
+
+PARITY_REWARD = '''
+def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """1.0 for responses whose characters' code points sum to an even number: half of random text."""
+    return float(sum(map(ord, solution_str)) % 2 == 0)
+'''
+
+#: the settings of every end-to-end run; a test's overrides replace these key by key
+BASE_OVERRIDES = (
+    "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=16",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.val_kwargs.n=4", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+    "actor_rollout_ref.actor.optim.lr=1e-3",  # weights move visibly from step to step
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "reward.custom_reward_function.name=parity_reward",
+    "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=2",
+    "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.logger=[console,file]",
+    "trainer.project_name=capo_e2e",
+)
+
+#: what vLLM (ring buffers, loky semaphores) and verl (weight buckets) put in /dev/shm during a run
+SHM_PATTERNS = ("psm_*", "sem.loky-*", "verl_weights_*")
+
+
+@dataclass(frozen=True)
+class E2EInputs:
+    model: Path
+    train: Path
+    val: Path
+    reward: Path
+
+
+@dataclass
+class VerlRun:
+    """One trainer launch: exit code, console log, ``{step: verl's metrics}``, and the ``/dev/shm`` entries that
+    appeared during the run and are left behind, mapped by no live process."""
+
+    rc: int
+    log: str
+    steps: dict[int, dict]
+    workdir: Path
+    shm_left: list[str]
+
+    def tail(self, n: int = 6000) -> str:
+        return self.log[-n:]
+
+    def assert_ok(self) -> None:
+        assert self.rc == 0, self.tail()
+
+
+@pytest.fixture(scope="session")
+def e2e_inputs(tmp_path_factory) -> E2EInputs:
+    from capo_verl.models import tiny_model_checkpoint, write_gsm8k_calc_parquet
+
+    root = tmp_path_factory.mktemp("e2e_inputs")
+    model = tiny_model_checkpoint(root / "tiny_qwen2", init_std=0.5, seed=0)
+    train, val = write_gsm8k_calc_parquet(root / "data", n_train=16, n_val=4, seed=0)
+    reward = root / "parity_reward.py"
+    reward.write_text(PARITY_REWARD)
+    return E2EInputs(model=model, train=train, val=val, reward=reward)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*groups) -> list[str]:
+    """Hydra overrides, later ones replacing earlier ones with the same key (``+`` and ``++`` ignored)."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for override in group:
+            merged.pop(_key(override), None)
+            merged[_key(override)] = override
+    return list(merged.values())
+
+
+def _shm_entries() -> set[str]:
+    return {p for pattern in SHM_PATTERNS for p in glob.glob(os.path.join("/dev/shm", pattern))}
+
+
+def _mapped_shm_inodes() -> set[int]:
+    """Inodes of the ``/dev/shm`` files that live processes map. By inode, not name: a POSIX named semaphore
+    (``sem.*``) is mapped under the temporary name glibc created it with, then linked to its real name."""
+    inodes = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                inodes.update(int(line.split()[4]) for line in f if "/dev/shm/" in line)
+        except (OSError, ValueError, IndexError):  # the process ended, or is not ours to read
+            continue
+    return inodes
+
+
+def read_steps(path: Path) -> dict[int, dict]:
+    """verl's file logger: one JSON line per step and logging call; lines of a step merged."""
+    steps: dict[int, dict] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        steps.setdefault(int(record["step"]), {}).update(record["data"])
+    return steps
+
+
+@pytest.fixture(scope="session")
+def run_verl(e2e_inputs):
+    """``run_verl(workdir, overrides, env=None) -> VerlRun``: verl's trainer on the tiny model and the CPU profile.
+
+    Another engineer's run on the same machine may create and remove its own ``/dev/shm`` entries meanwhile; those
+    it still maps are not counted, nor are entries older than this run.
+    """
+
+    def run(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None) -> VerlRun:
+        workdir.mkdir(parents=True, exist_ok=True)
+        metrics = workdir / "metrics.jsonl"
+        inputs = [
+            f"actor_rollout_ref.model.path={e2e_inputs.model}",
+            f"data.train_files={e2e_inputs.train}", f"data.val_files={e2e_inputs.val}",
+            f"reward.custom_reward_function.path={e2e_inputs.reward}",
+            f"trainer.experiment_name={workdir.name}", f"trainer.default_local_dir={workdir / 'ckpt'}",
+        ]
+        cmd = [
+            sys.executable, "-m", "verl.trainer.main_ppo",
+            f"--config-path={REPO / 'configs'}", "--config-name=cpu_base", "hydra.searchpath=[pkg://verl.trainer.config]",
+            *merge_overrides(BASE_OVERRIDES, inputs, overrides),
+        ]
+        full_env = dict(os.environ)
+        full_env.update(
+            OMP_NUM_THREADS=str(len(os.sched_getaffinity(0))),
+            TQ_NUM_THREADS=str(min(8, psutil.cpu_count(logical=False) or 1)),  # else TransferQueue warns per call
+            TOKENIZERS_PARALLELISM="false",
+            RAY_DEDUP_LOGS="0",
+            VERL_FILE_LOGGER_PATH=str(metrics),
+            HYDRA_FULL_ERROR="1",
+        )
+        full_env.update(env or {})
+        shm_before = _shm_entries()
+        log_path = workdir / "console.log"
+        t0 = time.time()
+        with open(log_path, "w") as log:
+            proc = subprocess.run(cmd, cwd=workdir, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+        new = {}
+        for path in _shm_entries() - shm_before:
+            try:
+                st = os.stat(path)
+            except OSError:  # removed meanwhile
+                continue
+            if st.st_ctime >= t0 - 1.0:
+                new[path] = st.st_ino
+        mapped = _mapped_shm_inodes() if new else set()
+        shm_left = sorted(p for p, inode in new.items() if inode not in mapped)
+        print(f"{workdir.name}: exit {proc.returncode} in {time.time() - t0:.0f} s; log {log_path}")
+        return VerlRun(rc=proc.returncode, log=log_path.read_text(), steps=read_steps(metrics), workdir=workdir,
+                       shm_left=shm_left)
+
+    return run
