@@ -189,3 +189,23 @@ def run_verl(e2e_inputs):
                        shm_left=shm_left)
 
     return run
+
+
+#: the CAPO run of tests/test_e2e_capo.py; its checkpoint at step 2 is resumed by tests/test_e2e_baselines.py
+CAPO_OVERRIDES = (
+    "algorithm.adv_estimator=capo", "algorithm.norm_adv_by_std_in_grpo=false",
+    "+algorithm.capo.use_mask=true", "+algorithm.capo.tau=0.6",
+    # the responses' reference perplexities spread around 3-6 with this model: a threshold inside that range
+    # masks some correct (above ref_high) and some incorrect (below ref_low) responses
+    "+algorithm.capo.ref_high=4.0", "+algorithm.capo.ref_low=4.0",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "trainer.save_freq=2",
+)
+
+
+@pytest.fixture(scope="session")
+def capo_run(run_verl, tmp_path_factory) -> VerlRun:
+    """CAPO for 2 steps with a validation pass at step 2, dumped to ``<workdir>/val_generations``, and a
+    checkpoint at step 2 in ``<workdir>/ckpt``: one trainer launch shared by the tests that read it."""
+    workdir = tmp_path_factory.mktemp("e2e") / "capo"
+    return run_verl(workdir, [*CAPO_OVERRIDES, f"trainer.validation_data_dir={workdir / 'val_generations'}"])

@@ -1,6 +1,7 @@
 """CAPO end to end: ``python -m verl.trainer.main_ppo`` with ``algorithm.adv_estimator=capo`` on the CPU profile.
 
-The one trainer run of CAPO itself (harness: tests/conftest.py). What it covers that no other test does:
+The one trainer run of CAPO itself (the ``capo_run`` fixture of tests/conftest.py: 2 steps, a validation pass and a
+checkpoint at step 2, which tests/test_e2e_baselines.py resumes). What it covers that no other test does:
 
 - the plugin loads inside Ray's TaskRunner and workers: verl trains with ``adv_estimator=capo`` and the noise mask
   switches the reference pass on, without any KL term;
@@ -29,20 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SOURCE = GSM8K_CALC_SOURCE
 
 
-@pytest.fixture(scope="module")
-def capo_run(run_verl, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("e2e") / "capo"
-    return run_verl(workdir, [
-        "algorithm.adv_estimator=capo", "algorithm.norm_adv_by_std_in_grpo=false",
-        "+algorithm.capo.use_mask=true", "+algorithm.capo.tau=0.6",
-        # the responses' reference perplexities spread around 3-6 with this model: a threshold inside that range
-        # masks some correct (above ref_high) and some incorrect (below ref_low) responses
-        "+algorithm.capo.ref_high=4.0", "+algorithm.capo.ref_low=4.0",
-        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
-        f"trainer.validation_data_dir={workdir / 'val_generations'}",
-    ])
-
-
 def test_capo_trains_with_the_reference_pass_and_no_kl(capo_run):
     capo_run.assert_ok()
     steps = capo_run.steps
@@ -63,6 +50,7 @@ def test_capo_trains_with_the_reference_pass_and_no_kl(capo_run):
     # the reference pass reaches the estimator: the mask acts on both sides
     assert any(data["capo/mask_frac_correct"] > 0 for data in steps.values()), steps
     assert any(data["capo/mask_frac_incorrect"] > 0 for data in steps.values()), steps
+    assert (capo_run.workdir / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
 def test_the_rollout_generates_with_the_actors_weights(capo_run):
