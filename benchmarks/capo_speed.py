@@ -20,13 +20,13 @@ import time
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the capo-verl plugin)
-from capo_verl.compat.advantage import pop_step_metrics
+from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.utils.torch_functional import masked_mean
+
+from capo_verl.compat.advantage import pop_step_metrics
 
 
 def make_batch(bs: int, T: int, G: int, seed: int = 0, sizes: list[int] | None = None) -> DataProto:
@@ -126,8 +126,10 @@ def run_ragged(T: int, repeats: int) -> None:
 
     t = best_of({"capo": capo}, repeats)["capo"]
     peak = extra_peak_rss(capo)
-    print(f"ragged: 1 x 1000 + 2000 x 2 responses, T={T:5d} | capo {t * 1e3:8.1f} ms | "
-          f"capo peak extra RSS {_mib(peak)} (pairs: {(1000**2 + 2000 * 4) * 4 / 2**20:.1f} MiB of float32)")
+    print(
+        f"ragged: 1 x 1000 + 2000 x 2 responses, T={T:5d} | capo {t * 1e3:8.1f} ms | "
+        f"capo peak extra RSS {_mib(peak)} (pairs: {(1000**2 + 2000 * 4) * 4 / 2**20:.1f} MiB of float32)"
+    )
 
 
 def _mib(n: float | None) -> str:

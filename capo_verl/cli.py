@@ -9,8 +9,11 @@ import sys
 COMMANDS = {
     "prepare-data": ("capo_verl.data", "main", "write verl parquet for training and the six benchmarks"),
     "eval": ("capo_verl.evaluation.cli", "main", "generate k samples per problem, then score calibration"),
-    "compare": ("capo_verl.compare.cli", "main",
-                "train methods under identical settings, compare calibration (plots, CIs)"),
+    "compare": (
+        "capo_verl.compare.cli",
+        "main",
+        "train methods under identical settings, compare calibration (plots, CIs)",
+    ),
     "smollm2": ("capo_verl.models", "main", "convert the offline SmolLM2-135M-Instruct GGUF to an HF checkpoint"),
     "demo": ("capo_verl.demo", "main", "run the capo estimator on a real verl DataProto and print it"),
 }

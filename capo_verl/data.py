@@ -130,6 +130,7 @@ def _problems_from_table(df: pd.DataFrame, where: str) -> pd.DataFrame:
         problems = df["problem"]
         answers = df["answer"]
     elif {"prompt", "reward_model"} <= set(df.columns):  # verl format (e.g. the shipped subset)
+
         def user_text(prompt) -> str:
             users = [m["content"] for m in prompt if m["role"] == "user"]
             if not users:
@@ -172,9 +173,7 @@ def load_deepscaler(source: str) -> tuple[pd.DataFrame, int]:
     path = Path(os.path.expanduser(source))
     if path.exists():
         df = _problems_from_table(_read_table(path), str(path))
-    elif re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) and not source.endswith(
-        (".parquet", ".jsonl", ".json")
-    ):
+    elif re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) and not source.endswith((".parquet", ".jsonl", ".json")):
         import datasets
 
         table = datasets.load_dataset(source, split="train").to_pandas()

@@ -243,8 +243,9 @@ def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> 
     if method not in ITS_METHODS:
         raise ValueError(f"its_credit: unknown method {method!r}; choose one of {', '.join(ITS_METHODS)}")
     group = np.asarray(group).reshape(-1)
-    answer = np.array(["" if a is None else str(a).strip() for a in np.asarray(answer, dtype=object).reshape(-1)],
-                      dtype=object)
+    answer = np.array(
+        ["" if a is None else str(a).strip() for a in np.asarray(answer, dtype=object).reshape(-1)], dtype=object
+    )
     lpm = np.asarray(lpm, dtype=np.float64).reshape(-1)
     correct = np.asarray(correct).reshape(-1).astype(np.float64)
     n = _check_same_length("its_credit", group=group, answer=answer, lpm=lpm, correct=correct)

@@ -121,7 +121,7 @@ def extract_answer(solution_str: str) -> tuple[str | None, str]:
     if matches:
         return matches[-1], "gsm8k"
     last = None
-    for last in _ANCHOR_RE.finditer(solution_str):
+    for last in _ANCHOR_RE.finditer(solution_str):  # noqa: B007  (the last match is the one wanted)
         pass
     if last is not None:
         line = solution_str[last.end() :].split("\n", 1)[0].strip()

@@ -40,17 +40,25 @@ def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 #: the settings of every end-to-end run; a test's overrides replace these key by key
 BASE_OVERRIDES = (
-    "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=16",
+    "data.train_batch_size=4",
+    "data.max_prompt_length=96",
+    "data.max_response_length=16",
     "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.rollout.val_kwargs.n=4", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.rollout.val_kwargs.n=4",
+    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
     "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
     "actor_rollout_ref.actor.optim.lr=1e-3",  # weights move visibly from step to step
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
     "reward.custom_reward_function.name=parity_reward",
-    "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=2",
-    "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.logger=[console,file]",
+    "trainer.total_training_steps=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=2",
+    "trainer.save_freq=-1",
+    "trainer.resume_mode=disable",
+    "trainer.logger=[console,file]",
     "trainer.project_name=capo_e2e",
 )
 
@@ -149,13 +157,19 @@ def run_verl(e2e_inputs):
         metrics = workdir / "metrics.jsonl"
         inputs = [
             f"actor_rollout_ref.model.path={e2e_inputs.model}",
-            f"data.train_files={e2e_inputs.train}", f"data.val_files={e2e_inputs.val}",
+            f"data.train_files={e2e_inputs.train}",
+            f"data.val_files={e2e_inputs.val}",
             f"reward.custom_reward_function.path={e2e_inputs.reward}",
-            f"trainer.experiment_name={workdir.name}", f"trainer.default_local_dir={workdir / 'ckpt'}",
+            f"trainer.experiment_name={workdir.name}",
+            f"trainer.default_local_dir={workdir / 'ckpt'}",
         ]
         cmd = [
-            sys.executable, "-m", "verl.trainer.main_ppo",
-            f"--config-path={REPO / 'configs'}", "--config-name=cpu_base", "hydra.searchpath=[pkg://verl.trainer.config]",
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            f"--config-path={REPO / 'configs'}",
+            "--config-name=cpu_base",
+            "hydra.searchpath=[pkg://verl.trainer.config]",
             *merge_overrides(BASE_OVERRIDES, inputs, overrides),
         ]
         full_env = dict(os.environ)
@@ -172,8 +186,15 @@ def run_verl(e2e_inputs):
         log_path = workdir / "console.log"
         t0 = time.time()
         with open(log_path, "w") as log:
-            proc = subprocess.run(cmd, cwd=workdir, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+            proc = subprocess.run(
+                cmd,
+                cwd=workdir,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=RUN_TIMEOUT_S,
+            )
         new = {}
         for path in _shm_entries() - shm_before:
             try:
@@ -185,19 +206,23 @@ def run_verl(e2e_inputs):
         mapped = _mapped_shm_inodes() if new else set()
         shm_left = sorted(p for p, inode in new.items() if inode not in mapped)
         print(f"{workdir.name}: exit {proc.returncode} in {time.time() - t0:.0f} s; log {log_path}")
-        return VerlRun(rc=proc.returncode, log=log_path.read_text(), steps=read_steps(metrics), workdir=workdir,
-                       shm_left=shm_left)
+        return VerlRun(
+            rc=proc.returncode, log=log_path.read_text(), steps=read_steps(metrics), workdir=workdir, shm_left=shm_left
+        )
 
     return run
 
 
 #: the CAPO run of tests/test_e2e_capo.py; its checkpoint at step 2 is resumed by tests/test_e2e_baselines.py
 CAPO_OVERRIDES = (
-    "algorithm.adv_estimator=capo", "algorithm.norm_adv_by_std_in_grpo=false",
-    "+algorithm.capo.use_mask=true", "+algorithm.capo.tau=0.6",
+    "algorithm.adv_estimator=capo",
+    "algorithm.norm_adv_by_std_in_grpo=false",
+    "+algorithm.capo.use_mask=true",
+    "+algorithm.capo.tau=0.6",
     # the responses' reference perplexities spread around 3-6 with this model: a threshold inside that range
     # masks some correct (above ref_high) and some incorrect (below ref_low) responses
-    "+algorithm.capo.ref_high=4.0", "+algorithm.capo.ref_low=4.0",
+    "+algorithm.capo.ref_high=4.0",
+    "+algorithm.capo.ref_low=4.0",
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     "trainer.save_freq=2",
 )

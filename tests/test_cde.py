@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
-from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimators.cde import CdeConfig, cde_bonus_weight, compute_cde_outcome_advantage
+from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
+
+from capo_verl.compat.advantage import pop_step_metrics
+from capo_verl.estimators.cde import CdeConfig, cde_bonus_weight, compute_cde_outcome_advantage
 
 
 def constant_batch(lpms, rewards, lengths, T=6):
@@ -158,8 +158,14 @@ def test_matches_the_paper_equations_through_both_verl_call_sites(norm_by_std, s
     for seed in range(8):
         data = random_dataproto(seed, step=step)  # the legacy trainer's way: data.meta_info["global_steps"]
         b = data.batch
-        expected = reference_cde(b["token_level_rewards"], b["response_mask"], b["old_log_probs"],
-                                 list(data.non_tensor_batch["uid"]), w, norm_by_std=norm_by_std)
+        expected = reference_cde(
+            b["token_level_rewards"],
+            b["response_mask"],
+            b["old_log_probs"],
+            list(data.non_tensor_batch["uid"]),
+            w,
+            norm_by_std=norm_by_std,
+        )
         legacy = ray_trainer.compute_advantage(data, adv_estimator="cde", config=cfg)
         v1 = v1_utils.compute_advantage_for_multi_trajectories(
             random_dataproto(seed, step=step), batch_keys=[], adv_estimator="cde", config=cfg, num_repeat=4
@@ -177,7 +183,9 @@ def test_zero_weight_is_verls_grpo_exactly(norm_by_std):
             random_dataproto(seed, "pm1"), adv_estimator="cde", config=algo(norm_by_std, w0=0.0)
         )
         grpo_out = ray_trainer.compute_advantage(
-            random_dataproto(seed, "pm1"), adv_estimator="grpo", norm_adv_by_std_in_grpo=norm_by_std,
+            random_dataproto(seed, "pm1"),
+            adv_estimator="grpo",
+            norm_adv_by_std_in_grpo=norm_by_std,
             config=OmegaConf.create({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": norm_by_std}),
         )
         assert torch.equal(cde_out.batch["advantages"], grpo_out.batch["advantages"])
@@ -190,7 +198,9 @@ def test_zero_weight_is_verls_grpo_exactly(norm_by_std):
         cde01 = ray_trainer.compute_advantage(data, adv_estimator="cde", config=algo(norm_by_std, w0=0.0))
         cde01 = cde01.batch["advantages"][grouped]
         grpo01 = ray_trainer.compute_advantage(
-            random_dataproto(seed), adv_estimator="grpo", norm_adv_by_std_in_grpo=norm_by_std,
+            random_dataproto(seed),
+            adv_estimator="grpo",
+            norm_adv_by_std_in_grpo=norm_by_std,
             config=OmegaConf.create({"adv_estimator": "grpo"}),
         ).batch["advantages"][grouped]
         torch.testing.assert_close(cde01, grpo01 if norm_by_std else 2 * grpo01, rtol=1e-5, atol=1e-5)
@@ -203,8 +213,11 @@ def transfer_queue():
     import transfer_queue as tq
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    tq.init(OmegaConf.create({"backend": {"storage_backend": "SimpleStorage",
-                                          "SimpleStorage": {"num_data_storage_units": 1}}}))
+    tq.init(
+        OmegaConf.create(
+            {"backend": {"storage_backend": "SimpleStorage", "SimpleStorage": {"num_data_storage_units": 1}}}
+        )
+    )
     yield tq
     tq.close()
     ray.shutdown()
@@ -225,17 +238,32 @@ def test_v1_trainer_passes_its_global_steps(transfer_queue):
             rm = torch.zeros(n)
             rm[-1] = float(s % 2)
             keys.append(f"p{p}_{s}")
-            fields.append({"uid": f"p{p}", "response_mask": torch.ones(n, dtype=torch.int64), "rm_scores": rm,
-                           "old_log_probs": torch.from_numpy(rng.normal(-1, 0.5, n)).float().clamp(max=0)})
-    config = OmegaConf.create({
-        "algorithm": {"adv_estimator": "cde", "use_kl_in_reward": False, "gamma": 1.0, "lam": 1.0,
-                      "norm_adv_by_std_in_grpo": True, "cde": {"w0": 1.0, "w_zero_after_step": 6}},
-        "actor_rollout_ref": {"rollout": {"n": 4}},
-    })
+            fields.append(
+                {
+                    "uid": f"p{p}",
+                    "response_mask": torch.ones(n, dtype=torch.int64),
+                    "rm_scores": rm,
+                    "old_log_probs": torch.from_numpy(rng.normal(-1, 0.5, n)).float().clamp(max=0),
+                }
+            )
+    config = OmegaConf.create(
+        {
+            "algorithm": {
+                "adv_estimator": "cde",
+                "use_kl_in_reward": False,
+                "gamma": 1.0,
+                "lam": 1.0,
+                "norm_adv_by_std_in_grpo": True,
+                "cde": {"w0": 1.0, "w_zero_after_step": 6},
+            },
+            "actor_rollout_ref": {"rollout": {"n": 4}},
+        }
+    )
     seen = {}
     for step in (6, 7, 1):
-        batch = tq.kv_batch_put(keys=[f"{k}_{step}" for k in keys], partition_id="train",
-                                fields=list_of_dict_to_tensordict(fields))
+        batch = tq.kv_batch_put(
+            keys=[f"{k}_{step}" for k in keys], partition_id="train", fields=list_of_dict_to_tensordict(fields)
+        )
         metrics: dict = {}
         out = PPOTrainer._compute_advantage(SimpleNamespace(config=config, global_steps=step), batch, metrics)
         seen[step] = metrics["cde/w"]

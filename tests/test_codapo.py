@@ -10,14 +10,14 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
-from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
+from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
+
+from capo_verl.compat.advantage import pop_step_metrics
+from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
 
 
 def constant_batch(lpms, rewards, T=6, lengths=None):
@@ -125,7 +125,7 @@ def authors_codapo(rewards, mask, log_probs, index, norm_by_std=True, weight_off
     for i in range(bs):
         members[index[i]].append(i)
     out = np.zeros(bs)
-    for idx, rows in members.items():
+    for rows in members.values():
         s = torch.stack([scores[i] for i in rows])
         mean, std = (torch.tensor(0.0), torch.tensor(1.0)) if len(rows) == 1 else (s.mean(), s.std())
         acc = sum(float(scores[i]) > threshold for i in rows) / len(rows)
@@ -156,8 +156,12 @@ def random_dataproto(seed, reward_kind="binary"):
     rewards = torch.zeros(bs, T)
     rewards[torch.arange(bs), lengths - 1] = torch.from_numpy(r.astype(np.float32))
     return DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": old,
-                 "rollout_log_probs": old + 0.05},
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "old_log_probs": old,
+            "rollout_log_probs": old + 0.05,
+        },
         non_tensors={"uid": np.array(uids, dtype=object)},
     )
 
@@ -168,8 +172,13 @@ def test_matches_authors_code_through_both_verl_call_sites(norm_by_std, reward_k
     for seed in range(8):
         data = random_dataproto(seed, reward_kind)
         cfg = OmegaConf.create(
-            {"adv_estimator": "codapo", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": norm_by_std,
-             "codapo": {"weight_offset": 0.1, "reward_threshold": 0.5}}
+            {
+                "adv_estimator": "codapo",
+                "gamma": 1.0,
+                "lam": 1.0,
+                "norm_adv_by_std_in_grpo": norm_by_std,
+                "codapo": {"weight_offset": 0.1, "reward_threshold": 0.5},
+            }
         )
         b = data.batch
         expected = authors_codapo(
@@ -196,8 +205,12 @@ def test_uses_rollout_log_probs_only_without_old_log_probs():
     a = ray_trainer.compute_advantage(random_dataproto(3), adv_estimator="codapo", config=cfg).batch["advantages"]
     data.batch.pop("old_log_probs")
     b = ray_trainer.compute_advantage(data, adv_estimator="codapo", config=cfg)
-    expected = authors_codapo(data.batch["token_level_rewards"], data.batch["response_mask"],
-                              data.batch["rollout_log_probs"], data.non_tensor_batch["uid"])
+    expected = authors_codapo(
+        data.batch["token_level_rewards"],
+        data.batch["response_mask"],
+        data.batch["rollout_log_probs"],
+        data.non_tensor_batch["uid"],
+    )
     np.testing.assert_allclose(seq(b.batch["advantages"], data.batch["response_mask"]), expected, rtol=2e-5, atol=1e-6)
     assert not torch.equal(a, b.batch["advantages"])
 

@@ -43,13 +43,16 @@ def test_bootstrap_ci_matches_a_hand_computation():
 
 
 def _pass(step, lpms, corrects):
-    return ValidationPass(step, [f"q{i}" for i in range(len(lpms))],
-                          [np.asarray(v, float) for v in lpms], [np.asarray(c, bool) for c in corrects])
+    return ValidationPass(
+        step,
+        [f"q{i}" for i in range(len(lpms))],
+        [np.asarray(v, float) for v in lpms],
+        [np.asarray(c, bool) for c in corrects],
+    )
 
 
 def test_pass_summary_auc_mean_and_accuracy_by_hand():
-    vp = _pass(0, [[-1.0, -2.0, -3.0], [-1.0, -0.5, -2.0, -0.1], [-1.0, -1.0]],
-               [[1, 0, 1], [1, 0, 0, 1], [1, 1]])
+    vp = _pass(0, [[-1.0, -2.0, -3.0], [-1.0, -0.5, -2.0, -0.1], [-1.0, -1.0]], [[1, 0, 1], [1, 0, 0, 1], [1, 1]])
     s = pass_summary(vp, n_boot=200)
     # q0: correct {-1, -3} vs incorrect {-2}: pairs (-1 > -2) yes, (-3 > -2) no -> 0.5
     # q1: correct {-1, -0.1} vs incorrect {-0.5, -2}: -1>-0.5 no, -1>-2 yes, -0.1>-0.5 yes, -0.1>-2 yes -> 0.75
@@ -74,8 +77,10 @@ def test_every_method_passes_verls_checks_on_the_default_config():
     from omegaconf import OmegaConf
 
     config_dir = config.find_config_dir(config.DEFAULT_CONFIG)
-    composed = {name: config.checked_config(name, config.DEFAULT_CONFIG, config_dir, list(method.overrides))
-                for name, method in METHODS.items()}
+    composed = {
+        name: config.checked_config(name, config.DEFAULT_CONFIG, config_dir, list(method.overrides))
+        for name, method in METHODS.items()
+    }
     assert composed["grpo"].algorithm.adv_estimator == "grpo"
     assert composed["grpo"].algorithm.norm_adv_by_std_in_grpo is False
     assert composed["gspo"].actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
@@ -109,12 +114,18 @@ def test_config_lookup_outside_a_checkout_finds_the_config_or_names_the_flags(tm
 def test_differences_name_nested_keys_and_absent_ones():
     old = {"config": "a", "composed": {"trainer": {"steps": 3, "freq": 1}}, "overrides": ["x=1"]}
     new = {"config": "a", "composed": {"trainer": {"steps": 4}, "data": {"n": 1}}, "overrides": ["x=1"]}
-    assert differences(old, new) == [("composed.data", "<absent>", {"n": 1}),
-                                     ("composed.trainer.freq", 1, "<absent>"), ("composed.trainer.steps", 3, 4)]
+    assert differences(old, new) == [
+        ("composed.data", "<absent>", {"n": 1}),
+        ("composed.trainer.freq", 1, "<absent>"),
+        ("composed.trainer.steps", 3, 4),
+    ]
     assert differences(old, old) == []
     require_same(old, json.loads(json.dumps(old)), "same")
-    with pytest.raises(UsageError, match=r"^x with other settings \(recorded -> now\): composed.data: .*"
-                                         r"composed.trainer.steps: 3 -> 4; use another --out$"):
+    with pytest.raises(
+        UsageError,
+        match=r"^x with other settings \(recorded -> now\): composed.data: .*"
+        r"composed.trainer.steps: 3 -> 4; use another --out$",
+    ):
         require_same(old, new, "x with")
 
 

@@ -25,12 +25,24 @@ CHECK_TIMEOUT_S = 240  # composing verl's config takes 10-30 s on 2 busy cores; 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")
 
 
-def run_cli(*args: str, cwd: Path, command: tuple[str, ...] = (sys.executable, "-m", "capo_verl.compare"),
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path,
+    command: tuple[str, ...] = (sys.executable, "-m", "capo_verl.compare"),
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run the command line; fail (killing its process group) if it runs long enough to be training."""
     cmd = [*command, *args]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -50,36 +62,67 @@ def refusal(proc: subprocess.CompletedProcess) -> str:
 
 def snapshot(folder: Path) -> dict[str, tuple]:
     """Every file and folder under ``folder`` with its content and modification time."""
-    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
     """grpo and capo, 3 steps, no held-out evaluation; data under tmp_path; a model path that is never loaded."""
-    return ["--out", str(out), "--data-dir", str(tmp_path / "data"), "--methods", "grpo", "capo", "--steps", "3",
-            "--no-eval", *extra, f"actor_rollout_ref.model.path={tmp_path / 'model'}"]
+    return [
+        "--out",
+        str(out),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--methods",
+        "grpo",
+        "capo",
+        "--steps",
+        "3",
+        "--no-eval",
+        *extra,
+        f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+    ]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
-    (["--steps", "-1", "--no-eval"], "argument --steps: must be >= 1, got -1"),
-    (["--methods", "grpo", "grpo"], "--methods lists grpo more than once"),
-    (["--methods", "grpo", "nope"], "argument --methods: invalid choice: 'nope'"),
-    (["--n-boot", "0"], "argument --n-boot: must be >= 1, got 0"),
-    (["--eval-k", "0"], "argument --eval-k: must be >= 1, got 0"),
-    (["--config", "nope"], "config 'nope' not found in the configs shipped with capo-verl"),
-    (["trainer.no_such_key=1"], "the shared config: the overrides do not give a valid verl config: Could not "
-                                "override 'trainer.no_such_key'"),
-    (["algorithm.adv_estimator=nope"], "method grpo: the overrides do not give a valid verl config: Unknown "
-                                       "advantage estimator"),
-    (["trainer.total_training_steps=0"], "method grpo: trainer.total_training_steps must be >= 1 (got 0)"),
-    (["actor_rollout_ref.rollout.val_kwargs.do_sample=false"], "method grpo: capo-verl compare needs sampled "
-                                                               "validation"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (["--steps", "-1", "--no-eval"], "argument --steps: must be >= 1, got -1"),
+        (["--methods", "grpo", "grpo"], "--methods lists grpo more than once"),
+        (["--methods", "grpo", "nope"], "argument --methods: invalid choice: 'nope'"),
+        (["--n-boot", "0"], "argument --n-boot: must be >= 1, got 0"),
+        (["--eval-k", "0"], "argument --eval-k: must be >= 1, got 0"),
+        (["--config", "nope"], "config 'nope' not found in the configs shipped with capo-verl"),
+        (
+            ["trainer.no_such_key=1"],
+            "the shared config: the overrides do not give a valid verl config: Could not "
+            "override 'trainer.no_such_key'",
+        ),
+        (
+            ["algorithm.adv_estimator=nope"],
+            "method grpo: the overrides do not give a valid verl config: Unknown advantage estimator",
+        ),
+        (["trainer.total_training_steps=0"], "method grpo: trainer.total_training_steps must be >= 1 (got 0)"),
+        (
+            ["actor_rollout_ref.rollout.val_kwargs.do_sample=false"],
+            "method grpo: capo-verl compare needs sampled validation",
+        ),
+    ],
+)
 def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, message):
     out = tmp_path / "cmp"
-    proc = run_cli("--out", str(out), "--data-dir", str(tmp_path / "data"),
-                   f"actor_rollout_ref.model.path={tmp_path / 'model'}", *args, cwd=tmp_path)
+    proc = run_cli(
+        "--out",
+        str(out),
+        "--data-dir",
+        str(tmp_path / "data"),
+        f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+        *args,
+        cwd=tmp_path,
+    )
     assert message in refusal(proc)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output folder, no data
 
@@ -87,7 +130,8 @@ def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, messa
 def test_the_capo_verl_console_script_runs_compare(tmp_path):
     script = (str(Path(sys.executable).parent / "capo-verl"), "compare")
     assert "argument --steps: must be >= 1, got 0" in refusal(
-        run_cli("--out", str(tmp_path / "cmp"), "--steps", "0", cwd=tmp_path, command=script))
+        run_cli("--out", str(tmp_path / "cmp"), "--steps", "0", cwd=tmp_path, command=script)
+    )
     helped = run_cli("--help", cwd=tmp_path, command=script)
     assert helped.returncode == 0 and "--reuse-out" in helped.stdout and "--config-dir" in helped.stdout
 
@@ -127,8 +171,9 @@ def finished_runs(tmp_path: Path, out: Path, args: list[str]) -> dict:
         run = out / method
         shutil.copytree(COMMITTED / method, run, ignore=shutil.ignore_patterns("done.json", "eval_*"))
         (run / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}))
-        (run / "done.json").write_text(json.dumps({"method": method, "wall_s": 60.0, "command": "python -m verl...",
-                                                   "settings": settings}))
+        (run / "done.json").write_text(
+            json.dumps({"method": method, "wall_s": 60.0, "command": "python -m verl...", "settings": settings})
+        )
     return plan.method_settings
 
 
@@ -205,23 +250,32 @@ def test_an_installed_wheel_finds_its_default_config_outside_the_checkout(tmp_pa
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     shutil.copytree(REPO / "configs", src / "configs")
-    shutil.copytree(REPO / "capo_verl", src / "capo_verl", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        REPO / "capo_verl", src / "capo_verl", symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index", "-w",
-                    str(tmp_path / "wheel")], check=True, cwd=tmp_path, timeout=300)
+    subprocess.run(
+        [*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "wheel")],
+        check=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     site = tmp_path / "site"
     (wheel,) = (tmp_path / "wheel").glob("capo_verl-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True,
-                   timeout=300)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)], check=True, timeout=300
+    )
     assert not (site / "capo_verl" / "compare" / "configs").is_symlink()
 
-    code = ("import capo_verl.compare.config as c; d = c.find_config_dir(c.DEFAULT_CONFIG); "
-            "cfg = c.checked_config('grpo', c.DEFAULT_CONFIG, d, ['++algorithm.adv_estimator=grpo']); "
-            "print(c.__file__); print(d); print(cfg.trainer.device, cfg.algorithm.adv_estimator)")
+    code = (
+        "import capo_verl.compare.config as c; d = c.find_config_dir(c.DEFAULT_CONFIG); "
+        "cfg = c.checked_config('grpo', c.DEFAULT_CONFIG, d, ['++algorithm.adv_estimator=grpo']); "
+        "print(c.__file__); print(d); print(cfg.trainer.device, cfg.algorithm.adv_estimator)"
+    )
     env = dict(os.environ, PYTHONPATH=str(site))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=CHECK_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     module, folder, composed = proc.stdout.strip().splitlines()[-3:]
     assert Path(module).is_relative_to(site) and Path(folder) == (site / "capo_verl" / "compare" / "configs")

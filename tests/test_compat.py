@@ -3,8 +3,8 @@
 import sys
 
 import pytest
-
 import verl
+
 from capo_verl import compat
 
 

@@ -6,18 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat), as verl's launcher does
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
-from capo_verl.compat.methods import ESTIMATORS
-from capo_verl.estimators import CdeConfig, CodapoConfig
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 from verl.workers.config import RolloutConfig
+
+from capo_verl.compat.methods import ESTIMATORS
+from capo_verl.estimators import CdeConfig, CodapoConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
 
@@ -129,7 +128,11 @@ def test_run_config_composes_validates_and_matches_paper(name):
         assert cfg.algorithm.adv_estimator == "cde"
         # CDE paper: kappa 3, alpha 1; the staircase drops the bonus after half of the run
         assert dict(cfg.algorithm.cde) == {
-            "w0": 1.0, "w_zero_after_step": STEPS[size] // 2, "kappa": 3.0, "alpha": 1.0, "reward_threshold": 0.5
+            "w0": 1.0,
+            "w_zero_after_step": STEPS[size] // 2,
+            "kappa": 3.0,
+            "alpha": 1.0,
+            "reward_threshold": 0.5,
         }
         assert cfg.algorithm.norm_adv_by_std_in_grpo is True
         assert CdeConfig.from_algorithm_config(cfg.algorithm).w_zero_after_step == STEPS[size] // 2
@@ -196,13 +199,18 @@ def test_the_sweep_runs_every_ablation_config(tmp_path, size):
     shutil.copy(CONFIG_DIR.parent / "scripts" / "run_ablations.sh", scripts)
     shutil.copytree(CONFIG_DIR / "ablation", tmp_path / "configs" / "ablation")
     (scripts / f"run_capo_qwen2.5_math_{size}.sh").write_text('echo "RUN $*"\n')
-    proc = subprocess.run(["bash", str(scripts / "run_ablations.sh"), "--size", size, "trainer.nnodes=2"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(scripts / "run_ablations.sh"), "--size", size, "trainer.nnodes=2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     runs = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RUN ")]
     folder = sorted(p.stem for p in (CONFIG_DIR / "ablation").glob("*.yaml") if p.stem != "none")
     assert sorted(name.removeprefix("ablation=") for name, _ in runs) == sorted(
-        a for a in folder if not (size == "1.5b" and a == "tau0.6"))
+        a for a in folder if not (size == "1.5b" and a == "tau0.6")
+    )
     assert all(override == "trainer.nnodes=2" for _, override in runs)
     assert sorted(folder) == sorted(ABLATIONS)  # every ablation config is also tested above
 
@@ -405,7 +413,10 @@ def test_scripts_use_the_project_venv_without_PYTHON(tmp_path):
     env.pop("PYTHON")
     proc = subprocess.run(
         ["bash", str(repo / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [cmd] = _commands(proc.stdout)
@@ -427,8 +438,9 @@ def test_scripts_stop_clearly_without_a_python_with_verl(tmp_path, python):
         (bin_dir / "python3").chmod(0o755)
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     for script in ("run_cde_qwen2.5_math_7b.sh", "run_capo_qwen2.5_math_1.5b.sh"):
-        proc = subprocess.run(["bash", str(repo / "scripts" / script), "--dry-run"], env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            ["bash", str(repo / "scripts" / script), "--dry-run"], env=env, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
         assert "error: no Python with verl" in proc.stderr and "bash scripts/setup.sh" in proc.stderr
         assert ("was not found" if python == "missing" else "cannot import verl") in proc.stderr

@@ -48,8 +48,11 @@ def test_cpu_platform_is_not_picked_when_an_accelerator_platform_is_available():
     from verl.plugin.platform import PlatformRegistry
 
     cpu = PlatformRegistry.get("cpu")()
-    others = [PlatformRegistry.get(n)().is_platform_available(use_smi_check=True)
-              for n in PlatformRegistry.registered_names() if n != "cpu"]
+    others = [
+        PlatformRegistry.get(n)().is_platform_available(use_smi_check=True)
+        for n in PlatformRegistry.registered_names()
+        if n != "cpu"
+    ]
     assert cpu.is_platform_available(use_smi_check=True) == (not any(others))
     assert list(PlatformRegistry.registered_names())[-1] == "cpu"  # tried after verl's own platforms
 
@@ -130,8 +133,11 @@ def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     outs = [p.communicate(timeout=180) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]

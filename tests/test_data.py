@@ -18,9 +18,7 @@ BENCH_ROWS = {"aime24": 30, "aime25": 30, "math500": 500, "amc23": 40, "minerva_
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("capo_data")
-    rc = data.main(
-        ["--out-dir", str(out), "--train-source", str(SUBSET), "--train-size", "1000", "--val-size", "100"]
-    )
+    rc = data.main(["--out-dir", str(out), "--train-source", str(SUBSET), "--train-size", "1000", "--val-size", "100"])
     assert rc == 0
     return out
 

@@ -54,7 +54,7 @@ def _destination(line: str, start: int) -> str | None:
         i += 1
     if i < len(line) and line[i] == "<":
         end = line.find(">", i)
-        return line[i + 1:end] if end != -1 else None
+        return line[i + 1 : end] if end != -1 else None
     depth, j = 0, i
     while j < len(line):
         c = line[j]
@@ -184,7 +184,7 @@ def test_the_checker_finds_broken_links_and_anchors(tmp_path):
     (tmp_path / "README.md").write_text(
         "# Top\n\n"
         "[good](docs/page.md) [good anchor](docs/page.md#set-x-up-twice) [repeat](docs/page.md#set-x-up-twice-1)\n"
-        "![image](img.png) [self](#top) [web](https://example.com/nothing) [titled](docs/page.md \"title\")\n"
+        '![image](img.png) [self](#top) [web](https://example.com/nothing) [titled](docs/page.md "title")\n'
         "[missing file](docs/nope.md)\n"
         "[missing anchor](docs/page.md#set-y-up)\n"
         "![missing image](images/none.png)\n"
@@ -197,10 +197,17 @@ def test_the_checker_finds_broken_links_and_anchors(tmp_path):
     )
     errors = check_file(tmp_path / "README.md", tmp_path)
     broken = sorted(e.split(": ")[1] for e in errors)
-    assert broken == sorted([
-        "docs/nope.md", "docs/page.md#set-y-up", "images/none.png", "../elsewhere.md", "#nowhere", "docs/gone.md",
-        "also/gone.png",
-    ]), errors
+    assert broken == sorted(
+        [
+            "docs/nope.md",
+            "docs/page.md#set-y-up",
+            "images/none.png",
+            "../elsewhere.md",
+            "#nowhere",
+            "docs/gone.md",
+            "also/gone.png",
+        ]
+    ), errors
     assert check_file(tmp_path / "docs" / "page.md", tmp_path) == []
 
 

@@ -29,8 +29,10 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 CDE_SIMKO = [
-    "algorithm.adv_estimator=cde", "algorithm.norm_adv_by_std_in_grpo=true",
-    "+algorithm.cde.w0=1.0", "+algorithm.cde.w_zero_after_step=3",
+    "algorithm.adv_estimator=cde",
+    "algorithm.norm_adv_by_std_in_grpo=true",
+    "+algorithm.cde.w0=1.0",
+    "+algorithm.cde.w_zero_after_step=3",
     "actor_rollout_ref.actor.policy_loss.loss_mode=simko",
     "+actor_rollout_ref.actor.policy_loss.simko.top_k=3",
     "+actor_rollout_ref.actor.policy_loss.simko.alpha=0.1",
@@ -38,15 +40,25 @@ CDE_SIMKO = [
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     # the paper configs' layout: packed sequences, micro-batches by token budget (several per update)
     "actor_rollout_ref.model.use_remove_padding=true",
-    "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=400",
-    "trainer.total_training_steps=4", "trainer.resume_mode=auto", "trainer.save_freq=-1",
+    "trainer.total_training_steps=4",
+    "trainer.resume_mode=auto",
+    "trainer.save_freq=-1",
     "trainer.test_freq=-1",  # validation: tests/test_e2e_capo.py
 ]
 
-SIMKO_METRICS = ("forking_frac", "smoothed_frac", "penalized_frac", "top1_frac", "top1_prob_mean",
-                 "topk_prob_mass_mean", "entropy_threshold_mean")
+SIMKO_METRICS = (
+    "forking_frac",
+    "smoothed_frac",
+    "penalized_frac",
+    "top1_frac",
+    "top1_prob_mean",
+    "topk_prob_mass_mean",
+    "entropy_threshold_mean",
+)
 
 
 def check_simko(step: int, data: dict) -> None:
@@ -59,8 +71,7 @@ def check_simko(step: int, data: dict) -> None:
     assert 0.0 < simko["top1_prob_mean"] <= simko["topk_prob_mass_mean"] <= 1.0, (step, simko)
 
 
-def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsdp_engine(run_verl, capo_run,
-                                                                                         tmp_path):
+def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsdp_engine(run_verl, capo_run, tmp_path):
     capo_run.assert_ok()  # the checkpoint this launch resumes
     resume_from = f"trainer.default_local_dir={capo_run.workdir / 'ckpt'}"
     run = run_verl(tmp_path / "cde_simko_resumed", [*CDE_SIMKO, resume_from])

@@ -41,9 +41,17 @@ def test_capo_trains_with_the_reference_pass_and_no_kl(capo_run):
         assert data["actor/loss"] == pytest.approx(data["actor/pg_loss"], abs=1e-6)
         assert data["critic/rewards/mean"] == pytest.approx(data["critic/score/mean"], abs=1e-6)
         assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
-        for key in ("capo/auc_mean", "capo/mixed_group_frac", "capo/lpm_correct_mean", "capo/lpm_incorrect_mean",
-                    "capo/adv_abs_mean", "capo/mask_frac_correct", "capo/mask_frac_incorrect",
-                    "capo/ref_ppl_correct_q75", "capo/ref_ppl_incorrect_q25"):
+        for key in (
+            "capo/auc_mean",
+            "capo/mixed_group_frac",
+            "capo/lpm_correct_mean",
+            "capo/lpm_incorrect_mean",
+            "capo/adv_abs_mean",
+            "capo/mask_frac_correct",
+            "capo/mask_frac_incorrect",
+            "capo/ref_ppl_correct_q75",
+            "capo/ref_ppl_incorrect_q25",
+        ):
             assert key in data and math.isfinite(data[key]), (step, key, sorted(k for k in data if "capo" in k))
         assert 0.0 <= data["capo/auc_mean"] <= 1.0 and data["capo/mixed_group_frac"] > 0
         assert data["capo/adv_abs_mean"] > 0

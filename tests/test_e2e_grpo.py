@@ -27,10 +27,16 @@ SKIPPED_WARNING = "capo-verl: val-calib/* calibration metrics skipped for this r
 
 
 def test_grpo_without_rollout_log_probs_trains_and_validates_without_val_calib(run_verl, tmp_path):
-    run = run_verl(tmp_path / "grpo_no_logprobs", [
-        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.calculate_log_probs=false",
-        "trainer.total_training_steps=1", "trainer.val_before_train=true", "trainer.test_freq=1",
-    ])
+    run = run_verl(
+        tmp_path / "grpo_no_logprobs",
+        [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.calculate_log_probs=false",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=true",
+            "trainer.test_freq=1",
+        ],
+    )
     run.assert_ok()
     steps = run.steps
     assert sorted(steps) == [0, 1], sorted(steps)  # validation before training (step 0), then step 1 + validation
@@ -44,8 +50,13 @@ def test_grpo_without_rollout_log_probs_trains_and_validates_without_val_calib(r
     assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
     assert "timing_s/ref" not in data, sorted(k for k in data if k.startswith("timing_s"))
     assert not any(k.startswith(("actor/kl", "critic/kl")) for k in data), [k for k in data if "kl" in k]
-    for key in ("capo/auc_mean", "capo/mixed_group_frac", "capo/lpm_correct_mean", "capo/lpm_incorrect_mean",
-                "capo/adv_abs_mean"):
+    for key in (
+        "capo/auc_mean",
+        "capo/mixed_group_frac",
+        "capo/lpm_correct_mean",
+        "capo/lpm_incorrect_mean",
+        "capo/adv_abs_mean",
+    ):
         assert key in data and math.isfinite(data[key]), (key, sorted(k for k in data if k.startswith("capo/")))
     assert not [k for k in data if k.startswith(("capo/mask_frac", "capo/ref_ppl"))]
     assert not any(k.startswith("training/rollout_probs_diff") for k in data)  # no rollout log-probs to compare

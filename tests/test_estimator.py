@@ -253,8 +253,9 @@ def test_rollout_log_probs_used_when_old_absent():
 def test_uid_with_none_is_rejected():
     r, m, lp = make_batch([-0.1, -0.2], [1, 0])
     with pytest.raises(ValueError, match="None or NaN"):
-        compute_capo_outcome_advantage(r, m, np.array(["q", None], dtype=object), {"capo": {"use_mask": False}},
-                                       old_log_probs=lp)
+        compute_capo_outcome_advantage(
+            r, m, np.array(["q", None], dtype=object), {"capo": {"use_mask": False}}, old_log_probs=lp
+        )
 
 
 def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
@@ -294,8 +295,14 @@ def test_tau_range_is_float32s(tau, ok):
         with pytest.raises(ValueError, match="algorithm.capo.tau=.* is outside float32's range"):
             CapoConfig(tau=tau)
         with pytest.raises(ValueError, match="algorithm.capo.tau"):
-            capo_pairwise_advantages(torch.zeros(2), torch.tensor([True, False]), torch.ones(2, dtype=torch.bool),
-                                     torch.zeros(2, dtype=torch.int64), 1, tau)
+            capo_pairwise_advantages(
+                torch.zeros(2),
+                torch.tensor([True, False]),
+                torch.ones(2, dtype=torch.bool),
+                torch.zeros(2, dtype=torch.int64),
+                1,
+                tau,
+            )
 
 
 @pytest.mark.parametrize("tau", [3e-39, 1e-20, 0.6, 1e20, F32_MAX])
@@ -316,8 +323,14 @@ def test_extreme_lpm_gaps_never_give_nan(tau):
 
 def test_huge_tau_is_half_of_every_pair():
     lpm = torch.tensor([-1.0, -2.0, -3.0])
-    adv = capo_pairwise_advantages(lpm, torch.tensor([True, False, False]), torch.ones(3, dtype=torch.bool),
-                                   torch.zeros(3, dtype=torch.int64), 1, F32_MAX)
+    adv = capo_pairwise_advantages(
+        lpm,
+        torch.tensor([True, False, False]),
+        torch.ones(3, dtype=torch.bool),
+        torch.zeros(3, dtype=torch.int64),
+        1,
+        F32_MAX,
+    )
     assert adv.tolist() == [1.0, -0.5, -0.5]
 
 
@@ -329,8 +342,10 @@ def surrogate_gradient(lpm, correct, valid, groups, tau):
     terms = [
         torch.nn.functional.softplus(-(x[i] - x[j]) / tau)
         for g in set(groups)
-        for i in range(len(x)) if groups[i] == g and correct[i] and valid[i]
-        for j in range(len(x)) if groups[j] == g and not correct[j] and valid[j]
+        for i in range(len(x))
+        if groups[i] == g and correct[i] and valid[i]
+        for j in range(len(x))
+        if groups[j] == g and not correct[j] and valid[j]
     ]
     if not terms:
         return np.zeros(len(x))
@@ -355,8 +370,21 @@ def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use
         ppl = rng.uniform(1.0, 3.0, bs)
         r, m, lp = make_batch(lpm.tolist(), correct.tolist(), lengths=lengths.tolist(), T=6)
         ref = torch.from_numpy(-np.log(ppl)).float().unsqueeze(1).expand(bs, 6).clone()
-        got = seq(capo(r, m, groups.astype(str), lp, ref=ref if use_mask else None, tau=tau, normalize=normalize,
-                       use_mask=use_mask, ref_high=2.0, ref_low=1.5), m)
+        got = seq(
+            capo(
+                r,
+                m,
+                groups.astype(str),
+                lp,
+                ref=ref if use_mask else None,
+                tau=tau,
+                normalize=normalize,
+                use_mask=use_mask,
+                ref_high=2.0,
+                ref_low=1.5,
+            ),
+            m,
+        )
 
         valid = lengths > 0
         lpm_seen = lp[:, 0].double().numpy()  # the per-token value is the response's lpm
@@ -412,8 +440,13 @@ def test_one_large_group_among_many_pairs_stays_small():
     """1 group of 1000 + 2000 groups of 2: padding every group to (G_max, G_max) took 2001 * 1000^2 floats (> 19 GB);
     the pairs of this batch are 1000^2 + 2000 * 4, and the estimator's extra peak memory (RSS high-water mark in a
     fresh process, which sees torch's CPU allocations) stays far below 1 GB."""
-    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     peak, control = map(int, out.stdout.split())
     assert control > 150 * 2**20  # the measurement sees a 200 MiB torch tensor

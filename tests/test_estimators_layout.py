@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo import core_algos, ray_trainer
+
 from capo_verl.compat.advantage import pop_step_metrics
 from capo_verl.compat.methods import ESTIMATORS
 from capo_verl.estimators.common import group_ids, grpo_group_advantages
-from verl import DataProto
-from verl.trainer.ppo import core_algos, ray_trainer
 
 
 def test_every_estimator_is_registered_with_its_batch_keys():
@@ -104,8 +104,12 @@ def constant_groups_batch(seed: int, lpm_range=(-2.0, -0.5)):
     old = torch.from_numpy(rng.uniform(*lpm_range, (bs, T))).float() * mask
     ref = torch.from_numpy(rng.uniform(-1.2, -0.01, (bs, T))).float() * mask  # PPL_ref 1.01..3.3: mask active
     data = DataProto.from_dict(
-        tensors={"token_level_rewards": token_rewards, "response_mask": mask, "old_log_probs": old,
-                 "ref_log_prob": ref},
+        tensors={
+            "token_level_rewards": token_rewards,
+            "response_mask": mask,
+            "old_log_probs": old,
+            "ref_log_prob": ref,
+        },
         non_tensors={"uid": uids},
     )
     return data, uids != "mixed"
@@ -114,10 +118,16 @@ def constant_groups_batch(seed: int, lpm_range=(-2.0, -0.5)):
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("estimator", ["capo", "grpo_mask", "codapo", "cde"])
 def test_constant_groups_get_exactly_zero(estimator, norm_by_std):
-    config = OmegaConf.create({
-        "adv_estimator": estimator, "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": norm_by_std,
-        "capo": {"ref_high": 2.0, "ref_low": 1.5}, "cde": {"w0": 1.0},
-    })
+    config = OmegaConf.create(
+        {
+            "adv_estimator": estimator,
+            "gamma": 1.0,
+            "lam": 1.0,
+            "norm_adv_by_std_in_grpo": norm_by_std,
+            "capo": {"ref_high": 2.0, "ref_low": 1.5},
+            "cde": {"w0": 1.0},
+        }
+    )
     for seed in range(3):
         data, constant = constant_groups_batch(seed)
         out = ray_trainer.compute_advantage(data, adv_estimator=estimator, config=config)

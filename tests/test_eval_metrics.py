@@ -9,7 +9,6 @@ from sklearn.metrics import roc_auc_score
 
 from capo_verl import metrics as M
 
-
 # ------------------------------------------------------------------------------------------- mean@k, AUC
 
 
@@ -38,8 +37,11 @@ def test_auc_mean_matches_sklearn_on_random_groups_with_ties():
     p = rng.uniform(0, 1, n_groups)[group]
     correct = rng.uniform(size=n_groups * k) < p
     value, n_mixed = M.auc_mean(lpm, correct, group)
-    ref = [roc_auc_score(correct[group == g], lpm[group == g]) for g in range(n_groups)
-           if 0 < correct[group == g].sum() < k]
+    ref = [
+        roc_auc_score(correct[group == g], lpm[group == g])
+        for g in range(n_groups)
+        if 0 < correct[group == g].sum() < k
+    ]
     assert n_mixed == len(ref) > 50
     assert value == pytest.approx(float(np.mean(ref)), abs=1e-12)
 

@@ -22,9 +22,16 @@ def write(path, records):
 
 
 def rec(ds, q, answer, correct, lpm, n=10, j=0):
-    return {"data_source": ds, "question_id": q, "sample_index": j,
-            "response": f"... \\boxed{{{answer}}}" if answer else "...", "answer": answer, "correct": correct,
-            "lpm": lpm, "num_tokens": n}
+    return {
+        "data_source": ds,
+        "question_id": q,
+        "sample_index": j,
+        "response": f"... \\boxed{{{answer}}}" if answer else "...",
+        "answer": answer,
+        "correct": correct,
+        "lpm": lpm,
+        "num_tokens": n,
+    }
 
 
 def numbered(records):
@@ -48,11 +55,17 @@ def read(path):
 def test_hand_computed_metrics(tmp_path):
     records = [
         # q0: mixed; correct lpm -0.1, wrong -0.5, -0.1 -> AUC (1 + 0.5) / 2 = 0.75
-        rec("A", 0, "4", True, -0.1), rec("A", 0, "5", False, -0.5), rec("A", 0, "6", False, -0.1),
+        rec("A", 0, "4", True, -0.1),
+        rec("A", 0, "5", False, -0.5),
+        rec("A", 0, "6", False, -0.1),
         # q1: all wrong, one without an answer
-        rec("A", 1, "1", False, -0.2), rec("A", 1, "", False, -0.3), rec("A", 1, "1", False, -0.4),
+        rec("A", 1, "1", False, -0.2),
+        rec("A", 1, "", False, -0.3),
+        rec("A", 1, "1", False, -0.4),
         # q0 of B: all correct
-        rec("B", 0, "9", True, -1.0), rec("B", 0, "9", True, -1.2), rec("B", 0, "9", True, -0.9),
+        rec("B", 0, "9", True, -1.0),
+        rec("B", 0, "9", True, -1.2),
+        rec("B", 0, "9", True, -0.9),
     ]
     path = write(tmp_path / "g.jsonl", numbered(records))
     metrics = S.score_runs({"run": path}, tmp_path / "out", plots=False)["run"]
@@ -98,29 +111,35 @@ def test_labels(tmp_path):
 GOOD = rec("A", 0, "1", True, -0.5)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"correct": "false"}, r'correct is "false" \(str\); expected a JSON boolean, true or false \(strings and 0/1'),
-    ({"correct": 0}, r"correct is 0 \(int\); expected a JSON boolean"),
-    ({"correct": None}, r"correct is null \(NoneType\); expected a JSON boolean"),
-    ({"truncated": "no"}, r'truncated is "no" \(str\); expected a JSON boolean'),
-    ({"lpm": "-0.5"}, r'lpm is "-0.5" \(str\); expected a number, the response\'s mean token log-prob in nats'),
-    ({"lpm": True}, r"lpm is true \(bool\); expected a number"),
-    ({"lpm": None}, r"lpm is null \(NoneType\); expected a number"),
-    ({"lpm": float("nan")}, r"lpm is nan; every response needs a finite mean log-prob"),
-    ({"lpm": float("-inf")}, r"lpm is -inf; every response needs a finite mean log-prob"),
-    ({"lpm": -10 ** 400}, r"lpm is -10{400}; every response needs a finite mean log-prob"),  # beyond float range
-    ({"question_id": float("nan")}, r"question_id is NaN \(float\); expected a string or a finite number"),
-    ({"lpm": 0.5}, r"lpm is 0.5, but a mean token log-prob is <= 0 nats \(up to 1e-06 is accepted as float rounding"),
-    ({"lpm": 2e-6}, r"lpm is 2e-06, but a mean token log-prob is <= 0 nats"),
-    ({"num_tokens": -1}, r"num_tokens is -1 \(int\); expected an integer >= 0"),
-    ({"num_tokens": 10.0}, r"num_tokens is 10.0 \(float\); expected an integer >= 0"),
-    ({"sample_index": "1"}, r'sample_index is "1" \(str\); expected an integer >= 0'),
-    ({"data_source": ""}, r'data_source is "" \(str\); expected a non-empty string'),
-    ({"question_id": None}, r"question_id is null \(NoneType\); expected a string or a finite number"),
-    ({"question_id": [1]}, r"question_id is \[1\] \(list\); expected a string or a finite number"),
-    ({"answer": 12}, r'answer is 12 \(int\); expected a string \("" or null when no answer was found\)'),
-    ({"response": None}, r"response is null \(NoneType\); expected a string"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"correct": "false"}, r'correct is "false" \(str\); expected a JSON boolean, true or false \(strings and 0/1'),
+        ({"correct": 0}, r"correct is 0 \(int\); expected a JSON boolean"),
+        ({"correct": None}, r"correct is null \(NoneType\); expected a JSON boolean"),
+        ({"truncated": "no"}, r'truncated is "no" \(str\); expected a JSON boolean'),
+        ({"lpm": "-0.5"}, r'lpm is "-0.5" \(str\); expected a number, the response\'s mean token log-prob in nats'),
+        ({"lpm": True}, r"lpm is true \(bool\); expected a number"),
+        ({"lpm": None}, r"lpm is null \(NoneType\); expected a number"),
+        ({"lpm": float("nan")}, r"lpm is nan; every response needs a finite mean log-prob"),
+        ({"lpm": float("-inf")}, r"lpm is -inf; every response needs a finite mean log-prob"),
+        ({"lpm": -(10**400)}, r"lpm is -10{400}; every response needs a finite mean log-prob"),  # beyond float range
+        ({"question_id": float("nan")}, r"question_id is NaN \(float\); expected a string or a finite number"),
+        (
+            {"lpm": 0.5},
+            r"lpm is 0.5, but a mean token log-prob is <= 0 nats \(up to 1e-06 is accepted as float rounding",
+        ),
+        ({"lpm": 2e-6}, r"lpm is 2e-06, but a mean token log-prob is <= 0 nats"),
+        ({"num_tokens": -1}, r"num_tokens is -1 \(int\); expected an integer >= 0"),
+        ({"num_tokens": 10.0}, r"num_tokens is 10.0 \(float\); expected an integer >= 0"),
+        ({"sample_index": "1"}, r'sample_index is "1" \(str\); expected an integer >= 0'),
+        ({"data_source": ""}, r'data_source is "" \(str\); expected a non-empty string'),
+        ({"question_id": None}, r"question_id is null \(NoneType\); expected a string or a finite number"),
+        ({"question_id": [1]}, r"question_id is \[1\] \(list\); expected a string or a finite number"),
+        ({"answer": 12}, r'answer is 12 \(int\); expected a string \("" or null when no answer was found\)'),
+        ({"response": None}, r"response is null \(NoneType\); expected a string"),
+    ],
+)
 def test_bad_values_name_file_and_line(tmp_path, change, message):
     path = write(tmp_path / "g.jsonl", [GOOD, {**GOOD, "question_id": 1, **change}])
     with pytest.raises(ValueError, match=r"g\.jsonl:2: " + message) as err:
@@ -130,8 +149,11 @@ def test_bad_values_name_file_and_line(tmp_path, change, message):
 
 def test_values_that_are_accepted(tmp_path):
     """lpm up to +1e-6 (float rounding of a log-prob of 0), int lpm, string or int ids, null answer, no truncated."""
-    lines = [GOOD, {**GOOD, "question_id": 1, "lpm": 1e-6, "answer": ""},
-             {**GOOD, "question_id": "q2", "lpm": 0, "answer": None}]
+    lines = [
+        GOOD,
+        {**GOOD, "question_id": 1, "lpm": 1e-6, "answer": ""},
+        {**GOOD, "question_id": "q2", "lpm": 0, "answer": None},
+    ]
     cols = S.read_generations(write(tmp_path / "g.jsonl", lines))
     assert cols["lpm"].tolist() == [-0.5, 1e-6, 0.0] and cols["answer"].tolist() == ["1", "", ""]
     assert cols["question_id"].tolist() == ["0", "1", "q2"] and not cols["truncated"].any()
@@ -151,8 +173,9 @@ def test_malformed_lines(tmp_path):
     (tmp_path / "list.jsonl").write_text("[1, 2]\n")
     with pytest.raises(ValueError, match="list.jsonl:1: a JSON list, not an object"):
         S.read_generations(tmp_path / "list.jsonl")
-    (tmp_path / "latin1.jsonl").write_bytes(json.dumps(GOOD).encode() + b"\n" + json.dumps(GOOD).encode()[:-2]
-                                            + b' "caf\xe9"}\n')
+    (tmp_path / "latin1.jsonl").write_bytes(
+        json.dumps(GOOD).encode() + b"\n" + json.dumps(GOOD).encode()[:-2] + b' "caf\xe9"}\n'
+    )
     with pytest.raises(ValueError, match="latin1.jsonl:2: not UTF-8 text"):
         S.read_generations(tmp_path / "latin1.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -164,23 +187,33 @@ def test_duplicate_response_names_both_lines(tmp_path):
     # question ids are compared as text: 0 and "0" are the same question
     lines = numbered([rec("A", 0, "1", True, -0.1), rec("A", 0, "2", False, -0.2)])
     path = write(tmp_path / "dup.jsonl", lines + [rec("A", 1, "1", True, -0.3), {**lines[1], "question_id": "0"}])
-    with pytest.raises(ValueError, match=r"dup.jsonl:4: duplicate response: data_source 'A', question_id '0', "
-                                         r"sample_index 1 is already on line 2 \(the same run appended twice\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"dup.jsonl:4: duplicate response: data_source 'A', question_id '0', "
+        r"sample_index 1 is already on line 2 \(the same run appended twice\?\)",
+    ):
         S.read_generations(path)
 
 
 def test_mixed_k_names_the_odd_question(tmp_path):
     # k=2 for the first question, k=3 for the two others: the first is the odd one (line 1)
-    lines = numbered([rec("A", 0, "1", True, -0.1)] * 2 + [rec("A", 1, "1", True, -0.1)] * 3
-                     + [rec("B", 0, "1", True, -0.1)] * 3)
+    lines = numbered(
+        [rec("A", 0, "1", True, -0.1)] * 2 + [rec("A", 1, "1", True, -0.1)] * 3 + [rec("B", 0, "1", True, -0.1)] * 3
+    )
     path = write(tmp_path / "mixed.jsonl", lines)
-    with pytest.raises(ValueError, match=r"mixed.jsonl:1: data_source 'A', question_id '0' has 2 response\(s\), but "
-                                         r"other questions have 3 \(responses per question in this file: 3 for 2 "
-                                         r"question\(s\), 2 for 1 question\(s\)\); a file holds one run"):
+    with pytest.raises(
+        ValueError,
+        match=r"mixed.jsonl:1: data_source 'A', question_id '0' has 2 response\(s\), but "
+        r"other questions have 3 \(responses per question in this file: 3 for 2 "
+        r"question\(s\), 2 for 1 question\(s\)\); a file holds one run",
+    ):
         S.read_generations(path)
     # the same across data sources: gsm8k at k=2 appended to math500 at k=4
-    lines = numbered([rec("math500", 0, "1", True, -0.1)] * 4 + [rec("math500", 1, "1", True, -0.1)] * 4
-                     + [rec("gsm8k", 0, "1", True, -0.1)] * 2)
+    lines = numbered(
+        [rec("math500", 0, "1", True, -0.1)] * 4
+        + [rec("math500", 1, "1", True, -0.1)] * 4
+        + [rec("gsm8k", 0, "1", True, -0.1)] * 2
+    )
     with pytest.raises(ValueError, match=r"mixed.jsonl:9: data_source 'gsm8k', question_id '0' has 2 response"):
         S.read_generations(write(path, lines))
 
@@ -207,11 +240,17 @@ def test_cli_out_that_cannot_be_created(tmp_path, capsys):
 def test_cli_input_error_is_one_line_with_exit_code_2(tmp_path):
     """As a user runs it: a string "false" in `correct` stops the command with the file and line, no traceback."""
     path = write(tmp_path / "g.jsonl", [GOOD, {**GOOD, "question_id": 1, "correct": "false"}])
-    proc = subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "score", f"run={path}", "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "capo_verl.cli", "eval", "score", f"run={path}", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.splitlines() == [f'capo-verl eval score: error: {path}:2: correct is "false" (str); expected a '
-                                        "JSON boolean, true or false (strings and 0/1 are not accepted)"]
+    assert proc.stderr.splitlines() == [
+        f'capo-verl eval score: error: {path}:2: correct is "false" (str); expected a '
+        "JSON boolean, true or false (strings and 0/1 are not accepted)"
+    ]
     assert proc.stdout == "" and not (tmp_path / "out").exists()
 
 
@@ -248,8 +287,11 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         assert m[key]["n_questions"] == len(groups) and m[key]["k"] == 8
         acc = np.mean([np.mean([r["correct"] for r in g]) for g in groups.values()])
         assert m[key]["mean_acc"] == pytest.approx(acc, abs=1e-12)
-        aucs = [roc_auc_score([r["correct"] for r in g], [r["lpm"] for r in g])
-                for g in groups.values() if 0 < sum(r["correct"] for r in g) < len(g)]
+        aucs = [
+            roc_auc_score([r["correct"] for r in g], [r["lpm"] for r in g])
+            for g in groups.values()
+            if 0 < sum(r["correct"] for r in g) < len(g)
+        ]
         assert m[key]["n_mixed_questions"] == len(aucs)
         if aucs:
             assert m[key]["auc_mean"] == pytest.approx(np.mean(aucs), abs=1e-12)
@@ -279,9 +321,16 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
 
     # report.md: one table per data source and all, the runs as columns, showing the values of metrics.json
     blocks = dict(block.split("\n", 1) for block in (out / "report.md").read_text().split("\n## ")[1:])
-    sections = {title: {cells[0]: cells[1:] for line in body.splitlines() if line.startswith("| ")
-                        for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]}
-                for title, body in blocks.items()}
+    sections = {
+        title: {
+            cells[0]: cells[1:]
+            for line in body.splitlines()
+            if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip().strip("|").split("|")]]
+        }
+        for title, body in blocks.items()
+    }
+
     def shown(x, pct=True):  # how the report prints a value of metrics.json (null: undefined)
         return "–" if x is None else f"{100 * x:.1f}" if pct else f"{x:.3f}"
 
@@ -292,13 +341,17 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         assert table["AUC-mean"] == [shown(r[key]["auc_mean"], pct=False) for r in (m, f)]
         assert table["mean@k accuracy (%)"] == [shown(r[key]["mean_acc"]) for r in (m, f)]
         assert table["ITS accuracy, perplexity consistency (%)"] == [
-            shown(r[key]["its_accuracy"]["ppl_consistency"]) for r in (m, f)]
+            shown(r[key]["its_accuracy"]["ppl_consistency"]) for r in (m, f)
+        ]
         assert table["precision @ coverage 0.1 (%)"] == [
-            shown(r[key]["precision_coverage"]["precision"][0]) for r in (m, f)]
+            shown(r[key]["precision_coverage"]["precision"][0]) for r in (m, f)
+        ]
     assert sections["math500"]["AUC-mean"] == ["–", "–"]  # no question with both outcomes there
     assert sections["Runs"]["smollm2"][0] == f"`{REAL}`"  # the file each column comes from
-    assert blocks["Plots"].split() == ["![precision_coverage](precision_coverage.png)",
-                                       "![accuracy_vs_auc](accuracy_vs_auc.png)"]
+    assert blocks["Plots"].split() == [
+        "![precision_coverage](precision_coverage.png)",
+        "![accuracy_vs_auc](accuracy_vs_auc.png)",
+    ]
 
     import matplotlib.image as mpimg
 

@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-
 import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
+from hydra import compose, initialize_config_dir
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
@@ -59,8 +58,12 @@ CODAPO, CDE, CAPO, GRPO = (f"{method}_qwen2.5_math_1.5b" for method in ("codapo"
         (CDE, ["algorithm.cde.alpha=-1"], r"algorithm\.cde\.alpha must be a positive number"),
         (CDE, ["algorithm.cde.w0=-1"], r"algorithm\.cde\.w0 must be >= 0"),
         (CDE, ["algorithm.cde.w_zero_after_step=2.5"], r"algorithm\.cde\.w_zero_after_step must be a non-negative"),
-        (CDE, ["trainer.use_v1=false"], r"algorithm\.cde\.w_zero_after_step=300 .*needs verl's v1 trainer.*"
-                                        r"trainer\.use_v1=true"),
+        (
+            CDE,
+            ["trainer.use_v1=false"],
+            r"algorithm\.cde\.w_zero_after_step=300 .*needs verl's v1 trainer.*"
+            r"trainer\.use_v1=true",
+        ),
         (CDE, ["+algorithm.cde.w_0=1"], r"unknown key.*algorithm\.cde\.w_0"),
         # CAPO (use_reference_policy given: need_reference_policy itself would already read the section)
         (CAPO, ["algorithm.capo.tau=1e-50"], r"algorithm\.capo\.tau=1e-50 is outside float32's range"),
@@ -101,8 +104,10 @@ def _local_model(tmp_path: Path, config: dict | None) -> Path:
     ],
 )
 def test_simko_top_k_is_checked_against_a_local_models_vocabulary(tmp_path, model_config, top_k, message):
-    overrides = [f"actor_rollout_ref.model.path={_local_model(tmp_path, model_config)}",
-                 f"actor_rollout_ref.actor.policy_loss.simko.top_k={top_k}"]
+    overrides = [
+        f"actor_rollout_ref.model.path={_local_model(tmp_path, model_config)}",
+        f"actor_rollout_ref.actor.policy_loss.simko.top_k={top_k}",
+    ]
     if message is None:
         validate("simko_qwen2.5_math_1.5b", *overrides)
     else:
@@ -120,9 +125,16 @@ def test_launch_script_dry_run_stops_on_a_bad_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", *PATH_VARIABLES)}
     env.update(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), HOME=str(tmp_path))
     proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run",
-         "+algorithm.codapo.percentile=0.75"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            "bash",
+            str(REPO / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"),
+            "--dry-run",
+            "+algorithm.codapo.percentile=0.75",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode != 0
     assert "algorithm.codapo.percentile: CoDaPO's resampling" in proc.stderr

@@ -159,11 +159,15 @@ def test_extraction_helpers():
 def test_bad_ground_truth_is_a_clear_error():
     with pytest.raises(ValueError, match="empty reward_model.ground_truth for data_source='x'"):
         compute_score("x", "\\boxed{1}", "  ")
-    with pytest.raises(ValueError, match=r"reward_model.ground_truth is missing \(None\) for data_source='x'; every "
-                                         "row needs its gold answer: check the ground_truth values"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward_model.ground_truth is missing \(None\) for data_source='x'; every "
+        "row needs its gold answer: check the ground_truth values",
+    ):
         compute_score("x", "\\boxed{1}", None)
-    with pytest.raises(ValueError, match="ground_truth is the string 'NaN' for data_source='x': a missing value "
-                                         "written as text"):
+    with pytest.raises(
+        ValueError, match="ground_truth is the string 'NaN' for data_source='x': a missing value written as text"
+    ):
         compute_score("x", "\\boxed{1}", "NaN")
     with pytest.raises(TypeError, match="must be a string"):
         compute_score("x", "\\boxed{1}", ["1", "2"])
@@ -179,9 +183,15 @@ def test_nan_ground_truth_from_a_numeric_parquet_column(tmp_path):
     pd.DataFrame({"data_source": ["amc23", "amc23"], "ground_truth": [27.0, None]}).to_parquet(tmp_path / "d.parquet")
     rows = pd.read_parquet(tmp_path / "d.parquet").to_dict("records")
     assert compute_score(rows[0]["data_source"], "\\boxed{27}", rows[0]["ground_truth"]) == {
-        "score": 1.0, "acc": 1.0, "pred": "27"}
-    with pytest.raises(ValueError, match="reward_model.ground_truth is NaN for data_source='amc23': a missing value "
-                                         "in a numeric ground_truth column of the parquet file; check that column"):
+        "score": 1.0,
+        "acc": 1.0,
+        "pred": "27",
+    }
+    with pytest.raises(
+        ValueError,
+        match="reward_model.ground_truth is NaN for data_source='amc23': a missing value "
+        "in a numeric ground_truth column of the parquet file; check that column",
+    ):
         compute_score(rows[1]["data_source"], "\\boxed{27}", rows[1]["ground_truth"])
 
 
@@ -196,9 +206,11 @@ def test_numpy_number_ground_truth():
 def test_bad_timeout_is_refused_on_every_call(timeout_s):
     """timeout_s <= 0 used to be accepted and then scored every answer needing math-verify 0.0 (0.5 vs 1/2 here);
     it is refused on every call, also for an answer that equals the gold as a string."""
-    message = (r"capo_verl.reward: timeout_s must be a finite number of seconds > 0 \(0 or less would score every "
-               r"answer that needs math-verify 0.0\), got .*; set "
-               r"reward.custom_reward_function.reward_kwargs.timeout_s \(default 10\)")
+    message = (
+        r"capo_verl.reward: timeout_s must be a finite number of seconds > 0 \(0 or less would score every "
+        r"answer that needs math-verify 0.0\), got .*; set "
+        r"reward.custom_reward_function.reward_kwargs.timeout_s \(default 10\)"
+    )
     for response, gold in (("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{3}", "3")):
         with pytest.raises(ValueError, match=message):
             compute_score("x", response, gold, timeout_s=timeout_s)
@@ -209,8 +221,8 @@ def test_bad_timeout_is_refused_on_every_call(timeout_s):
 # --- threads and time bound -----------------------------------------------------------------------------
 def test_runs_in_worker_threads_like_verl():
     """verl calls compute_score from executor threads (no signals there): results stay right and aligned."""
-    cases = [("\\boxed{\\frac{%d}{2}}" % k, str(k / 2), 1.0) for k in range(1, 25)]
-    cases += [("\\boxed{%d}" % k, str(k + 1), 0.0) for k in range(1, 25)]
+    cases = [(f"\\boxed{{\\frac{{{k}}}{{2}}}}", str(k / 2), 1.0) for k in range(1, 25)]
+    cases += [(f"\\boxed{{{k}}}", str(k + 1), 0.0) for k in range(1, 25)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         outs = list(pool.map(lambda c: compute_score("t", c[0], c[1]), cases))
     assert [o["score"] for o in outs] == [c[2] for c in cases]

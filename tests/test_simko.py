@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from capo_verl.losses.simko import (
-    gather_with_inplace_grad,
     SimKOParams,
     entropy_quantile_threshold,
+    gather_with_inplace_grad,
     parse_simko_config,
     simko_diagnostics,
     simko_terms,
@@ -39,8 +39,20 @@ def _masked_mean(values, mask):
     return (values * mask).sum() / mask.sum()
 
 
-def _authors_simko_loss(old_log_prob, old_log_probs_topk, log_prob, topk_log_probs, entropy, advantages, eos_mask,
-                        cliprange, token_level_scores, max_token, mix_topk_coef, tau):
+def _authors_simko_loss(
+    old_log_prob,
+    old_log_probs_topk,
+    log_prob,
+    topk_log_probs,
+    entropy,
+    advantages,
+    eos_mask,
+    cliprange,
+    token_level_scores,
+    max_token,
+    mix_topk_coef,
+    tau,
+):
     correct_idx = token_level_scores.sum(-1) == 1
     K = topk_log_probs.size(-1)
     log_prob_diff_bar = log_prob - old_log_prob
@@ -166,13 +178,26 @@ def test_loss_value_equals_ppo_and_gradient_equals_the_authors_code():
     # value: PPO-clip with the penalised advantages (the smoothing does not change the value)
     log_prob, topk, old_log_prob, old_topk, entropy, is_top1 = _inputs(logits, old_logits, tokens)
     assert torch.equal(terms.log_prob, log_prob)
-    assert loss.item() == pytest.approx(_ppo_clip_token_mean(old_log_prob, log_prob, terms.advantages, mask,
-                                                             CLIP).item(), abs=0)
+    assert loss.item() == pytest.approx(
+        _ppo_clip_token_mean(old_log_prob, log_prob, terms.advantages, mask, CLIP).item(), abs=0
+    )
     (grad,) = torch.autograd.grad(loss, logits)
 
     # the authors' loss, with their old top-K log-probs and epsilon
-    ref = _authors_simko_loss(old_log_prob, old_topk, log_prob, topk, entropy, adv, mask.float(), CLIP, scores,
-                              is_top1.float(), params.alpha, params.entropy_quantile)
+    ref = _authors_simko_loss(
+        old_log_prob,
+        old_topk,
+        log_prob,
+        topk,
+        entropy,
+        adv,
+        mask.float(),
+        CLIP,
+        scores,
+        is_top1.float(),
+        params.alpha,
+        params.entropy_quantile,
+    )
     (ref_grad,) = torch.autograd.grad(ref, logits)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
@@ -245,8 +270,9 @@ def test_diagnostics():
     probs = torch.softmax(logits.detach(), -1)
     top1 = probs.max(-1).values
     assert d["simko/top1_prob_mean"] == pytest.approx(top1[mask].mean().item(), rel=1e-5)
-    assert d["simko/topk_prob_mass_mean"] == pytest.approx(probs.topk(K, -1).values.sum(-1)[mask].mean().item(),
-                                                           rel=1e-5)
+    assert d["simko/topk_prob_mass_mean"] == pytest.approx(
+        probs.topk(K, -1).values.sum(-1)[mask].mean().item(), rel=1e-5
+    )
     assert d["simko/entropy_threshold_mean"] == pytest.approx(terms.threshold.mean().item(), rel=1e-6)
     # with the 0.5 quantile about half of each response's tokens fork
     assert 0.3 < d["simko/forking_frac"] < 0.6
@@ -274,8 +300,12 @@ def test_topk_gaps_plus_log_prob_are_the_top_k_log_probs(dtype, temperature):
     weights = torch.randn(N, k, generator=g)
     (g_ours,) = torch.autograd.grad((ours * weights).sum(), logits, retain_graph=True)
     (g_direct,) = torch.autograd.grad((direct * weights).sum(), logits)
-    torch.testing.assert_close(g_ours.float(), g_direct.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
-                               atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    torch.testing.assert_close(
+        g_ours.float(),
+        g_direct.float(),
+        rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+        atol=1e-2 if dtype == torch.bfloat16 else 1e-6,
+    )
 
 
 def test_entropy_and_row_selection_match_verl_formula():
@@ -290,8 +320,9 @@ def test_entropy_and_row_selection_match_verl_formula():
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     assert not ours.requires_grad and math.isfinite(ours.sum().item())
     rows = torch.tensor([30, 2, 2, 17, 5, 36])
-    sel_gaps, sel_top1, sel_entropy = topk_logit_gaps(logits, labels[rows], 3, temp[rows], rows=rows,
-                                                      with_entropy=True, chunk_size=4)
+    sel_gaps, sel_top1, sel_entropy = topk_logit_gaps(
+        logits, labels[rows], 3, temp[rows], rows=rows, with_entropy=True, chunk_size=4
+    )
     torch.testing.assert_close(sel_entropy, ours[rows], rtol=0, atol=0)
     torch.testing.assert_close(sel_gaps, gaps[rows], rtol=0, atol=0)
     assert torch.equal(sel_top1, is_top1[rows])

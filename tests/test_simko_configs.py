@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
@@ -75,13 +73,23 @@ def test_simko_keys_override_without_plus_and_are_checked():
 @pytest.mark.parametrize("size", sorted(SIZES))
 def test_simko_script_dry_run(tmp_path, size):
     model, steps, _ = SIZES[size]
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE",
-                                                            *PATH_VARIABLES)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *PATH_VARIABLES)
+    }
     env.update(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), CAPO_CKPT_DIR="/ckpt/capo", NNODES="2")
     proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / f"run_simko_qwen2.5_math_{size}.sh"), "--dry-run",
-         "actor_rollout_ref.actor.policy_loss.simko.top_k=5"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            "bash",
+            str(REPO / "scripts" / f"run_simko_qwen2.5_math_{size}.sh"),
+            "--dry-run",
+            "actor_rollout_ref.actor.policy_loss.simko.top_k=5",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout

@@ -14,10 +14,10 @@ from functools import partial
 import pytest
 import torch
 import torch.distributed as dist
+import verl  # noqa: F401  installs capo-verl's compat layer
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-import verl  # noqa: F401  installs capo-verl's compat layer
 from capo_verl.compat import simko as compat_simko
 from capo_verl.models import tiny_model_checkpoint
 
@@ -53,8 +53,9 @@ def engine(model_path):
         model_type="language_model",
         backend="fsdp2",
         model_config=model_config,
-        engine_config=FSDPEngineConfig(strategy="fsdp2", use_torch_compile=False, model_dtype="fp32",
-                                       mixed_precision=fp32),
+        engine_config=FSDPEngineConfig(
+            strategy="fsdp2", use_torch_compile=False, model_dtype="fp32", mixed_precision=fp32
+        ),
         optimizer_config=FSDPOptimizerConfig(lr=1e-3),
         checkpoint_config=CheckpointConfig(),
     )
@@ -74,8 +75,10 @@ def hf_model(model_path):
 
 def _sequences(seed: int, vocab: int):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(3, vocab, (p,), generator=g), torch.randint(3, vocab, (r,), generator=g))
-            for p, r in zip(PROMPT_LENS, RESPONSE_LENS, strict=True)]
+    return [
+        (torch.randint(3, vocab, (p,), generator=g), torch.randint(3, vocab, (r,), generator=g))
+        for p, r in zip(PROMPT_LENS, RESPONSE_LENS, strict=True)
+    ]
 
 
 def _padded_batch(seqs, old_log_probs=None) -> TensorDict:
@@ -84,9 +87,9 @@ def _padded_batch(seqs, old_log_probs=None) -> TensorDict:
     responses = torch.zeros(BS, R, dtype=torch.long)
     attention = torch.zeros(BS, P + R, dtype=torch.long)
     for i, (p, r) in enumerate(seqs):
-        prompts[i, P - len(p):] = p
+        prompts[i, P - len(p) :] = p
         responses[i, : len(r)] = r
-        attention[i, P - len(p): P + len(r)] = 1
+        attention[i, P - len(p) : P + len(r)] = 1
     response_mask = attention[:, P:].clone()
     advantages = torch.tensor(ADVANTAGES).view(BS, 1) * response_mask
     if old_log_probs is None:
@@ -113,16 +116,23 @@ def _actor_config(loss_mode: str, simko: dict | None = None, **overrides):
     if simko is not None:
         policy_loss["simko"] = simko
     raw = {
-        "_target_": "verl.workers.config.FSDPActorConfig", "strategy": "fsdp2", "rollout_n": 1,
-        "ppo_mini_batch_size": BS, "ppo_micro_batch_size_per_gpu": BS, "use_dynamic_bsz": False,
-        "policy_loss": policy_loss, "loss_agg_mode": "token-mean", "clip_ratio": 0.2,
+        "_target_": "verl.workers.config.FSDPActorConfig",
+        "strategy": "fsdp2",
+        "rollout_n": 1,
+        "ppo_mini_batch_size": BS,
+        "ppo_micro_batch_size_per_gpu": BS,
+        "use_dynamic_bsz": False,
+        "policy_loss": policy_loss,
+        "loss_agg_mode": "token-mean",
+        "clip_ratio": 0.2,
         **overrides,
     }
     return omega_conf_to_dataclass(OmegaConf.create(raw))
 
 
-def _run(engine, td, actor_config, *, remove_padding, temperature=1.0, calculate_entropy=False, ppo_loss=None,
-         capture=False):
+def _run(
+    engine, td, actor_config, *, remove_padding, temperature=1.0, calculate_entropy=False, ppo_loss=None, capture=False
+):
     """One forward/backward of verl's engine on ``td``; returns loss, metrics, grads, model-output keys, captures."""
     from verl.trainer.ppo import core_algos
     from verl.utils import tensordict_utils as tu
@@ -131,8 +141,14 @@ def _run(engine, td, actor_config, *, remove_padding, temperature=1.0, calculate
 
     data = left_right_2_no_padding(td.clone())
     tu.assign_non_tensor(
-        data, temperature=temperature, use_remove_padding=remove_padding, calculate_entropy=calculate_entropy,
-        use_dynamic_bsz=False, micro_batch_size_per_gpu=BS, max_token_len_per_gpu=None, global_batch_size=BS,
+        data,
+        temperature=temperature,
+        use_remove_padding=remove_padding,
+        calculate_entropy=calculate_entropy,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=BS,
+        max_token_len_per_gpu=None,
+        global_batch_size=BS,
         use_fused_kernels=False,
     )
     seen: dict = {}
@@ -191,7 +207,7 @@ def _direct(hf_model, seqs, temperature: float, top_k: int):
     with torch.no_grad():
         for i, (p, r) in enumerate(seqs):
             ids = torch.cat([p, r]).unsqueeze(0)
-            logits = hf_model(input_ids=ids).logits[0, len(p) - 1: len(p) + len(r) - 1] / temperature
+            logits = hf_model(input_ids=ids).logits[0, len(p) - 1 : len(p) + len(r) - 1] / temperature
             logp = torch.log_softmax(logits.float(), -1)
             topk[i, : len(r)] = logp.topk(top_k, -1).values
             entropy[i, : len(r)] = -(logp.exp() * logp).sum(-1)
@@ -213,8 +229,15 @@ def test_engine_top_k_log_probs_top1_and_entropy_equal_a_direct_forward_pass(
 ):
     seqs = _sequences(0, hf_model.config.vocab_size)
     config = _actor_config("simko", {"top_k": 4})
-    got = _run(engine, _padded_batch(seqs), config, remove_padding=remove_padding, temperature=temperature,
-               calculate_entropy=calculate_entropy, capture=True)
+    got = _run(
+        engine,
+        _padded_batch(seqs),
+        config,
+        remove_padding=remove_padding,
+        temperature=temperature,
+        calculate_entropy=calculate_entropy,
+        capture=True,
+    )
     topk, entropy, is_top1, log_prob = _direct(hf_model, seqs, temperature, top_k=4)
     mask = _response_mask()
     inputs = got["inputs"]
@@ -257,7 +280,7 @@ def _independent_simko_loss(hf_model, seqs, old_log_probs, params, clip):
     n_tokens = mask.sum()
     for i, (p, r) in enumerate(seqs):
         ids = torch.cat([p, r]).unsqueeze(0)
-        logits = hf_model(input_ids=ids).logits[0, len(p) - 1: len(p) + len(r) - 1]
+        logits = hf_model(input_ids=ids).logits[0, len(p) - 1 : len(p) + len(r) - 1]
         logp_all = torch.log_softmax(logits.float(), -1)
         lp = logp_all.gather(-1, r.unsqueeze(-1)).squeeze(-1)
         top_lp = logp_all.gather(-1, logits.detach().topk(params.top_k, -1).indices)
@@ -325,8 +348,14 @@ def test_other_loss_modes_give_exactly_verls_original_results(engine, hf_model, 
     saved = cls.prepare_model_outputs
     cls.prepare_model_outputs = saved.__wrapped__  # verl's own method
     try:
-        original = _run(engine, td, config, remove_padding=remove_padding, calculate_entropy=True,
-                        ppo_loss=losses.ppo_loss.__wrapped__)
+        original = _run(
+            engine,
+            td,
+            config,
+            remove_padding=remove_padding,
+            calculate_entropy=True,
+            ppo_loss=losses.ppo_loss.__wrapped__,
+        )
     finally:
         cls.prepare_model_outputs = saved
     assert patched["keys"] == original["keys"] == ["entropy", "log_probs"]
@@ -344,9 +373,17 @@ def test_forward_without_a_loss_adds_nothing(engine, hf_model):
 
     seqs = _sequences(4, hf_model.config.vocab_size)
     data = left_right_2_no_padding(_padded_batch(seqs))
-    tu.assign_non_tensor(data, temperature=1.0, use_remove_padding=False, calculate_entropy=True,
-                         use_dynamic_bsz=False, micro_batch_size_per_gpu=BS, max_token_len_per_gpu=None,
-                         global_batch_size=BS, use_fused_kernels=False)
+    tu.assign_non_tensor(
+        data,
+        temperature=1.0,
+        use_remove_padding=False,
+        calculate_entropy=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=BS,
+        max_token_len_per_gpu=None,
+        global_batch_size=BS,
+        use_fused_kernels=False,
+    )
     with engine.eval_mode():
         out = engine.infer_batch(data, loss_function=None)
     assert sorted(out["model_output"]) == ["entropy", "log_probs"]
@@ -375,9 +412,15 @@ def _trainer_config(*overrides):
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[
-            "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.policy_loss.loss_mode=simko",
-            "actor_rollout_ref.actor.use_dynamic_bsz=true", *overrides])
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.actor.policy_loss.loss_mode=simko",
+                "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                *overrides,
+            ],
+        )
 
 
 @pytest.mark.parametrize(
@@ -385,8 +428,10 @@ def _trainer_config(*overrides):
     [
         (["actor_rollout_ref.actor.strategy=megatron"], r"actor_rollout_ref\.actor\.strategy fsdp or fsdp2"),
         (["actor_rollout_ref.model.use_fused_kernels=true"], r"actor_rollout_ref\.model\.use_fused_kernels=false"),
-        (["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
-         r"actor_rollout_ref\.actor\.fsdp_config\.ulysses_sequence_parallel_size=1"),
+        (
+            ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
+            r"actor_rollout_ref\.actor\.fsdp_config\.ulysses_sequence_parallel_size=1",
+        ),
         (["distillation.enabled=true"], r"distillation\.enabled=true"),
         (["+actor_rollout_ref.actor.policy_loss.simko.top_k=0"], r"policy_loss\.simko\.top_k must be >= 1"),
     ],
@@ -400,8 +445,11 @@ def test_uncovered_setups_stop_in_verls_validate_config(overrides, message):
 
 def test_covered_setup_passes_the_check():
     compat_simko.check_simko_setup(_trainer_config("actor_rollout_ref.actor.strategy=fsdp2"))
-    compat_simko.check_simko_setup(_trainer_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
-                                                   "actor_rollout_ref.actor.strategy=megatron"))
+    compat_simko.check_simko_setup(
+        _trainer_config(
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", "actor_rollout_ref.actor.strategy=megatron"
+        )
+    )
 
 
 def test_patches_refuse_a_verl_whose_code_changed():

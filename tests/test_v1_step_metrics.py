@@ -10,9 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 import verl  # noqa: F401  (loads the capo-verl plugin)
+from omegaconf import OmegaConf
 
 
 @pytest.fixture(scope="module")

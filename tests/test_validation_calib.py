@@ -15,11 +15,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 import verl  # noqa: F401  installs capo_verl.compat (the plugin entry point)
+
 from capo_verl import compat
 from capo_verl.compat import validation
 from capo_verl.compat.validation import LPM_KEY, validation_calibration_metrics
+
 
 def _trainer(val_calib: bool | str | None = True, adv_estimator: str = "grpo"):
     """A stand-in trainer with verl's struct config; ``val_calib=None`` leaves the key out (verl's own configs)."""

@@ -9,15 +9,15 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+import verl  # noqa: F401  (loads the capo-verl plugin)
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-
-import verl  # noqa: F401  (loads the capo-verl plugin)
-from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.estimators import CapoConfig, compute_capo_outcome_advantage
 from verl import DataProto
 from verl.trainer.ppo import core_algos, ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
+
+from capo_verl.compat.advantage import pop_step_metrics
+from capo_verl.estimators import CapoConfig, compute_capo_outcome_advantage
 
 PY = sys.executable
 
@@ -91,7 +91,10 @@ def test_capo_without_mask_needs_no_ref_and_uses_rollout_log_probs_when_old_abse
         b = ray_trainer.compute_advantage(data, adv_estimator="capo", config=cfg).batch["advantages"]
     assert not torch.equal(a, b)  # rollout_log_probs differ from old_log_probs
     direct, _ = compute_capo_outcome_advantage(
-        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"], cfg,
+        data.batch["token_level_rewards"],
+        data.batch["response_mask"],
+        data.non_tensor_batch["uid"],
+        cfg,
         old_log_probs=data.batch["rollout_log_probs"],
     )
     assert torch.equal(b, direct)
@@ -130,7 +133,9 @@ def test_grpo_mask_is_grpo_times_mask():
     )
     got = ray_trainer.compute_advantage(data.select(deepcopy=True), adv_estimator="grpo_mask", config=cfg)
     grpo, _ = core_algos.compute_grpo_outcome_advantage(
-        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"],
+        data.batch["token_level_rewards"],
+        data.batch["response_mask"],
+        data.non_tensor_batch["uid"],
         norm_adv_by_std_in_grpo=False,
     )
     ref_ppl = torch.exp(-(data.batch["ref_log_prob"].sum(-1) / data.batch["response_mask"].sum(-1)))

@@ -63,8 +63,13 @@ def test_request_seeds_differ_by_occurrence_step_and_prompt_and_repeat_exactly()
     seed = vllm_cpu.request_seed
     base = seed(42, 0, 3, [1, 2, 3], 0)
     assert base == seed(42, 0, 3, (1, 2, 3), 0)
-    others = {seed(42, 0, 3, [1, 2, 3], 1), seed(42, 0, 4, [1, 2, 3], 0), seed(42, 0, 3, [1, 2], 0),
-              seed(43, 0, 3, [1, 2, 3], 0), seed(42, 1, 3, [1, 2, 3], 0)}
+    others = {
+        seed(42, 0, 3, [1, 2, 3], 1),
+        seed(42, 0, 4, [1, 2, 3], 0),
+        seed(42, 0, 3, [1, 2], 0),
+        seed(43, 0, 3, [1, 2, 3], 0),
+        seed(42, 1, 3, [1, 2, 3], 0),
+    }
     assert base not in others and len(others) == 5
     assert 0 <= base < 2**63
 
@@ -129,7 +134,12 @@ def engine(tmp_path_factory):
     os.environ["VERL_REPLICA_RANK"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function, below
     llm = LLM(
-        model=str(path), load_format="dummy", dtype="bfloat16", enforce_eager=True, max_model_len=256, seed=0,
+        model=str(path),
+        load_format="dummy",
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=256,
+        seed=0,
         worker_extension_cls="verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
     )
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
@@ -163,10 +173,12 @@ def _sync(llm, named_tensors) -> list:
 def _prompt_logprobs(llm, token_ids: list[int]) -> torch.Tensor:
     from vllm import SamplingParams
 
-    out = llm.generate([{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                       use_tqdm=False)[0]
-    return torch.tensor([next(iter(d.values())).logprob if d else float("nan")
-                         for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])])
+    out = llm.generate(
+        [{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0]
+    return torch.tensor(
+        [next(iter(d.values())).logprob if d else float("nan") for d, t in zip(out.prompt_logprobs[1:], token_ids[1:])]
+    )
 
 
 def _hf_logprobs(hf, token_ids: list[int]) -> torch.Tensor:
@@ -189,7 +201,7 @@ def test_weights_sync_into_vllm_cpu_and_it_then_computes_the_actors_log_probs(en
     after = _prompt_logprobs(llm, token_ids)
     # bf16 weights and activations in vLLM against float32 here: rounding grows with the logits' magnitude
     print("log-prob error after sync: max", (after - expected).abs().max().item(), "scale", expected.abs().max().item())
-    assert (after - expected).abs().max() < 0.05 + 0.03 * expected.abs().max(), (after - expected)
+    assert (after - expected).abs().max() < 0.05 + 0.03 * expected.abs().max(), after - expected
     assert torch.corrcoef(torch.stack([after, expected]))[0, 1] > 0.999
 
     # vLLM kept the (re-packed) linear weights, which is what lets the next sync load in place

@@ -25,6 +25,7 @@ questions (:func:`bootstrap_ci`, :mod:`.statistics`); the difference between two
 questions for both (paired: every method is validated on the same problems).
 """
 
+from capo_verl.compare.cli import build_parser, main, make_plan
 from capo_verl.compare.config import (
     CONFIG_DIR,
     DEFAULT_CONFIG,
@@ -46,12 +47,37 @@ from capo_verl.compare.statistics import (
     paired_difference,
     pass_summary,
 )
-from capo_verl.compare.cli import build_parser, main, make_plan
 
 __all__ = [
-    "CONFIG_DIR", "DEFAULT_CONFIG", "MARKER", "METHODS", "MIN_MIXED_QUESTIONS", "MIN_VAL_QUESTIONS",
-    "MIN_VAL_SAMPLES", "RUN_MARKER", "Method", "UsageError", "ValidationPass", "bootstrap_ci", "build_parser",
-    "checked_config", "compose", "evaluate", "final_hf_checkpoint", "find_config_dir", "main", "make_plan",
-    "paired_difference", "pass_summary", "prepare_out", "read_metrics", "read_validation_pass", "run_method",
-    "series", "train_command", "train_env", "validation_passes", "write_report",
+    "CONFIG_DIR",
+    "DEFAULT_CONFIG",
+    "MARKER",
+    "METHODS",
+    "MIN_MIXED_QUESTIONS",
+    "MIN_VAL_QUESTIONS",
+    "MIN_VAL_SAMPLES",
+    "RUN_MARKER",
+    "Method",
+    "UsageError",
+    "ValidationPass",
+    "bootstrap_ci",
+    "build_parser",
+    "checked_config",
+    "compose",
+    "evaluate",
+    "final_hf_checkpoint",
+    "find_config_dir",
+    "main",
+    "make_plan",
+    "paired_difference",
+    "pass_summary",
+    "prepare_out",
+    "read_metrics",
+    "read_validation_pass",
+    "run_method",
+    "series",
+    "train_command",
+    "train_env",
+    "validation_passes",
+    "write_report",
 ]

@@ -52,27 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
         "calibration (validation AUC-mean, accuracy, training AUC-mean, entropy) with bootstrap intervals.",
         epilog="methods: " + "; ".join(f"{k}: {v.description}" for k, v in METHODS.items()),
     )
-    p.add_argument("--methods", nargs="+", default=["grpo", "capo"], choices=sorted(METHODS),
-                   help="methods to train, in order; differences are reported against the first (default: grpo capo)")
-    p.add_argument("--out", required=True,
-                   help="output folder (one sub-folder per method, summary, figures); compare marks a folder it "
-                   "makes with .capo-verl-compare.json and refuses a non-empty folder without it")
-    p.add_argument("--reuse-out", action="store_true",
-                   help="write into a non-empty --out that compare did not make (nothing there is deleted; refused "
-                   "if it holds a file compare would overwrite or a method folder compare did not make)")
-    p.add_argument("--config", default=DEFAULT_CONFIG,
-                   help=f"config name in --config-dir (default {DEFAULT_CONFIG}); with another config, give "
-                   "data.train_files / data.val_files (and actor_rollout_ref.model.path) as overrides")
-    p.add_argument("--config-dir", default=None,
-                   help="folder of the config (default: the configs shipped with capo-verl, a checkout's configs/)")
-    p.add_argument("--steps", type=_at_least_one, default=None,
-                   help="trainer.total_training_steps, >= 1 (default: the config's)")
-    p.add_argument("--data-dir", default=None,
-                   help="where the default config's data is written (default ~/data/capo/compare)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=["grpo", "capo"],
+        choices=sorted(METHODS),
+        help="methods to train, in order; differences are reported against the first (default: grpo capo)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output folder (one sub-folder per method, summary, figures); compare marks a folder it "
+        "makes with .capo-verl-compare.json and refuses a non-empty folder without it",
+    )
+    p.add_argument(
+        "--reuse-out",
+        action="store_true",
+        help="write into a non-empty --out that compare did not make (nothing there is deleted; refused "
+        "if it holds a file compare would overwrite or a method folder compare did not make)",
+    )
+    p.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help=f"config name in --config-dir (default {DEFAULT_CONFIG}); with another config, give "
+        "data.train_files / data.val_files (and actor_rollout_ref.model.path) as overrides",
+    )
+    p.add_argument(
+        "--config-dir",
+        default=None,
+        help="folder of the config (default: the configs shipped with capo-verl, a checkout's configs/)",
+    )
+    p.add_argument(
+        "--steps", type=_at_least_one, default=None, help="trainer.total_training_steps, >= 1 (default: the config's)"
+    )
+    p.add_argument(
+        "--data-dir", default=None, help="where the default config's data is written (default ~/data/capo/compare)"
+    )
     p.add_argument("--plot-only", action="store_true", help="only redraw figures and summary from existing logs")
     p.add_argument("--no-eval", action="store_true", help="skip `capo-verl eval` of the final checkpoints")
-    p.add_argument("--eval-k", type=_at_least_one, default=8,
-                   help="samples per held-out problem in the evaluation (default 8)")
+    p.add_argument(
+        "--eval-k", type=_at_least_one, default=8, help="samples per held-out problem in the evaluation (default 8)"
+    )
     p.add_argument("--n-boot", type=_at_least_one, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
     return p
@@ -120,8 +140,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         from capo_verl.models import SMOLLM2_NAME, cache_dir
 
         data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / "compare").expanduser().resolve()
-        defaults = [f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
-                    f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}"]
+        defaults = [
+            f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
+            f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
+        ]
         if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
             defaults.append(f"actor_rollout_ref.model.path={cache_dir() / SMOLLM2_NAME}")
             default_model = True
@@ -136,10 +158,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
         method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
     val_n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
     if val_n < MIN_VAL_SAMPLES:
-        print(f"[compare] warning: actor_rollout_ref.rollout.val_kwargs.n={val_n} < {MIN_VAL_SAMPLES}: "
-              "few samples per question for a per-question AUC", flush=True)
-    return Plan(config_dir, overrides, data_dir, default_model, settings, method_settings,
-                int(base.data.max_response_length))
+        print(
+            f"[compare] warning: actor_rollout_ref.rollout.val_kwargs.n={val_n} < {MIN_VAL_SAMPLES}: "
+            "few samples per question for a per-question AUC",
+            flush=True,
+        )
+    return Plan(
+        config_dir, overrides, data_dir, default_model, settings, method_settings, int(base.data.max_response_length)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,15 +178,25 @@ def main(argv: list[str] | None = None) -> int:
             return _plot_only(out, args)
         plan = make_plan(args)
         evaluated = not args.no_eval and plan.data_dir is not None
-        prepare_out(out, plan.settings, plan.method_settings, eval_k=args.eval_k if evaluated else None,
-                    reuse=args.reuse_out)
+        prepare_out(
+            out, plan.settings, plan.method_settings, eval_k=args.eval_k if evaluated else None, reuse=args.reuse_out
+        )
     except UsageError as exc:
         print(f"capo-verl compare: error: {exc}", file=sys.stderr)
         return 2
 
-    (out / "compare.json").write_text(json.dumps(
-        {"argv": argv, "methods": args.methods, "config": args.config, "config_dir": str(plan.config_dir),
-         "overrides": plan.overrides}, indent=2))
+    (out / "compare.json").write_text(
+        json.dumps(
+            {
+                "argv": argv,
+                "methods": args.methods,
+                "config": args.config,
+                "config_dir": str(plan.config_dir),
+                "overrides": plan.overrides,
+            },
+            indent=2,
+        )
+    )
     try:
         eval_data = None
         if plan.data_dir is not None:

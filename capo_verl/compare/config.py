@@ -34,8 +34,10 @@ def find_config_dir(config_name: str, config_dir: str | Path | None = None) -> P
     folder = Path(config_dir).expanduser() if config_dir is not None else CONFIG_DIR
     if not (folder / f"{config_name}.yaml").is_file():
         where = f"--config-dir {folder}" if config_dir is not None else f"the configs shipped with capo-verl ({folder})"
-        raise UsageError(f"config '{config_name}' not found in {where}: pass --config-dir DIR (a folder holding "
-                         f"{config_name}.yaml, e.g. a checkout's configs/) or --config NAME of a config there")
+        raise UsageError(
+            f"config '{config_name}' not found in {where}: pass --config-dir DIR (a folder holding "
+            f"{config_name}.yaml, e.g. a checkout's configs/) or --config NAME of a config there"
+        )
     return folder.resolve()
 
 
@@ -46,7 +48,8 @@ def compose(config_name: str, config_dir: Path, overrides: list[str]):
         hydra / omegaconf errors: the overrides do not compose (unknown key, bad syntax, missing config).
     """
     import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
         return hydra_compose(config_name=config_name, overrides=overrides)
@@ -87,8 +90,10 @@ def checked_config(label: str, config_name: str, config_dir: Path, overrides: li
         raise UsageError(f"{label}: trainer.total_training_steps must be >= 1 (got {steps})")
     val = cfg.actor_rollout_ref.rollout.val_kwargs
     if not val.do_sample or float(val.temperature) <= 0:
-        raise UsageError(f"{label}: capo-verl compare needs sampled validation: set actor_rollout_ref.rollout."
-                         "val_kwargs.do_sample=true and temperature > 0 (the paper: 1.0)")
+        raise UsageError(
+            f"{label}: capo-verl compare needs sampled validation: set actor_rollout_ref.rollout."
+            "val_kwargs.do_sample=true and temperature > 0 (the paper: 1.0)"
+        )
     return cfg
 
 

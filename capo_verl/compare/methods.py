@@ -33,14 +33,21 @@ METHODS: dict[str, Method] = {
     ),
     "grpo_mask": Method(
         "Dr. GRPO advantages x CAPO's noise mask (ablation grpo_mask)",
-        ("++algorithm.adv_estimator=grpo_mask", "++algorithm.norm_adv_by_std_in_grpo=false",
-         "++algorithm.capo.use_mask=true"),
+        (
+            "++algorithm.adv_estimator=grpo_mask",
+            "++algorithm.norm_adv_by_std_in_grpo=false",
+            "++algorithm.capo.use_mask=true",
+        ),
     ),
     "gspo": Method(
         "GSPO: verl's gspo loss mode, clip 3e-4/4e-4, (R_i - mean)/std advantages (configs/gspo_*.yaml)",
-        ("++algorithm.adv_estimator=grpo", "++algorithm.norm_adv_by_std_in_grpo=true",
-         "++actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
-         "++actor_rollout_ref.actor.clip_ratio_low=3e-4", "++actor_rollout_ref.actor.clip_ratio_high=4e-4"),
+        (
+            "++algorithm.adv_estimator=grpo",
+            "++algorithm.norm_adv_by_std_in_grpo=true",
+            "++actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+            "++actor_rollout_ref.actor.clip_ratio_low=3e-4",
+            "++actor_rollout_ref.actor.clip_ratio_high=4e-4",
+        ),
     ),
     "codapo": Method(
         "CoDaPO: codapo estimator (confidence- and difficulty-weighted GRPO advantage)",
@@ -52,7 +59,10 @@ METHODS: dict[str, Method] = {
     ),
     "simko": Method(
         "SimKO: grpo estimator with the simko policy loss (top-K smoothing, top-1 penalty)",
-        ("++algorithm.adv_estimator=grpo", "++algorithm.norm_adv_by_std_in_grpo=true",
-         "++actor_rollout_ref.actor.policy_loss.loss_mode=simko"),
+        (
+            "++algorithm.adv_estimator=grpo",
+            "++algorithm.norm_adv_by_std_in_grpo=true",
+            "++actor_rollout_ref.actor.policy_loss.loss_mode=simko",
+        ),
     ),
 }

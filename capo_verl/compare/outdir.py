@@ -34,8 +34,9 @@ def differences(old, new, prefix: str = "") -> list[tuple[str, object, object]]:
         return [] if old == new else [(prefix, old, new)]
     out = []
     for key in sorted(old.keys() | new.keys()):
-        out += differences(old.get(key, _ABSENT), new.get(key, _ABSENT), f"{prefix}{key}" if not prefix
-                           else f"{prefix}.{key}")
+        out += differences(
+            old.get(key, _ABSENT), new.get(key, _ABSENT), f"{prefix}{key}" if not prefix else f"{prefix}.{key}"
+        )
     return out
 
 
@@ -43,6 +44,7 @@ def require_same(recorded: dict, settings: dict, what: str) -> None:
     """Raises: UsageError naming the differing keys (recorded -> now), unless ``recorded == settings``."""
     diff = differences(recorded, settings)
     if diff:
+
         def short(value):
             text = repr(value)
             return text if len(text) <= 60 else text[:57] + "..."
@@ -75,24 +77,31 @@ def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
     if done.exists():
         recorded = _read_json(done).get("settings")
         if recorded is None:
-            raise UsageError(f"{run_dir} finished under an earlier capo-verl compare that did not record its settings, "
-                             "so they cannot be checked: use another --out (or --plot-only to redraw its report)")
+            raise UsageError(
+                f"{run_dir} finished under an earlier capo-verl compare that did not record its settings, "
+                "so they cannot be checked: use another --out (or --plot-only to redraw its report)"
+            )
         require_same(recorded, settings, f"{run_dir.name}: finished in {run_dir} with")
         eval_done = run_dir / "eval_done"
         if eval_k is not None and eval_done.exists():
             k = _read_json(eval_done).get("k")
             if k != eval_k:
-                raise UsageError(f"{run_dir.name}: evaluated in {run_dir} with other settings (recorded -> now): "
-                                 f"eval_k: {k!r} -> {eval_k!r}; use --eval-k {k}, --no-eval or another --out")
+                raise UsageError(
+                    f"{run_dir.name}: evaluated in {run_dir} with other settings (recorded -> now): "
+                    f"eval_k: {k!r} -> {eval_k!r}; use --eval-k {k}, --no-eval or another --out"
+                )
         return "done"
     if not (run_dir / RUN_MARKER).is_file():
-        raise UsageError(f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}); it is left "
-                         "as it is: move it away or use another --out")
+        raise UsageError(
+            f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}); it is left "
+            "as it is: move it away or use another --out"
+        )
     return "retrain"
 
 
-def prepare_out(out: Path, settings: dict, method_settings: dict[str, dict], *, eval_k: int | None,
-                reuse: bool = False) -> None:
+def prepare_out(
+    out: Path, settings: dict, method_settings: dict[str, dict], *, eval_k: int | None, reuse: bool = False
+) -> None:
     """Check that compare may write into ``out`` for these methods, then mark ``out`` as compare's (:data:`MARKER`).
 
     ``out`` may be absent, empty, marked by compare with the same ``settings``, or (``reuse``) any folder that holds
@@ -110,16 +119,24 @@ def prepare_out(out: Path, settings: dict, method_settings: dict[str, dict], *, 
         require_same(recorded, settings, f"--out {out} was made by capo-verl compare with")
     elif out.exists() and any(out.iterdir()):
         if not reuse:
-            raise UsageError(f"--out {out} is not empty and was not made by capo-verl compare (no {MARKER}): use "
-                             "another --out, or --reuse-out to add compare's folders to it (nothing there is deleted)")
+            raise UsageError(
+                f"--out {out} is not empty and was not made by capo-verl compare (no {MARKER}): use "
+                "another --out, or --reuse-out to add compare's folders to it (nothing there is deleted)"
+            )
         taken = [name for name in OUTPUTS if (out / name).exists()]
         if taken:
-            raise UsageError(f"--reuse-out: {out} already holds {', '.join(taken)}, which compare would overwrite; "
-                             "move them away or use another --out")
+            raise UsageError(
+                f"--reuse-out: {out} already holds {', '.join(taken)}, which compare would overwrite; "
+                "move them away or use another --out"
+            )
     for method, method_settings_ in method_settings.items():
         check_method_dir(out / method, method_settings_, eval_k)
     if not marker.exists():
         out.mkdir(parents=True, exist_ok=True)
-        record = {"made_by": "capo-verl compare", "capo_verl_version": __version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "settings": settings}
+        record = {
+            "made_by": "capo-verl compare",
+            "capo_verl_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": settings,
+        }
         marker.write_text(json.dumps(record, indent=1) + "\n")

@@ -16,8 +16,15 @@ from capo_verl.compare.statistics import (
 )
 
 #: files and folders that a report (and the held-out evaluation) writes into the output folder
-REPORT_OUTPUTS = ("summary.json", "summary.md", "val_auc_mean.png", "val_accuracy.png", "train_auc_mean.png",
-                  "entropy.png", "eval_report")
+REPORT_OUTPUTS = (
+    "summary.json",
+    "summary.md",
+    "val_auc_mean.png",
+    "val_accuracy.png",
+    "train_auc_mean.png",
+    "entropy.png",
+    "eval_report",
+)
 
 
 def read_validation_pass(path: Path) -> ValidationPass:
@@ -144,10 +151,15 @@ def write_report(out: Path, methods: list[str], *, n_boot: int = 2000, plots: bo
         scored = json.loads(eval_metrics.read_text())
         summary["held_out_eval"] = {
             "report": "eval_report/report.md",
-            "methods": {m: {k: scored[m]["all"].get(k) for k in ("n_questions", "k", "mean_acc", "auc_mean",
-                                                                 "n_mixed_questions", "its_accuracy")}
-                        | {"precision_coverage_area": scored[m]["all"]["precision_coverage"]["area"]}
-                        for m in methods if m in scored},
+            "methods": {
+                m: {
+                    k: scored[m]["all"].get(k)
+                    for k in ("n_questions", "k", "mean_acc", "auc_mean", "n_mixed_questions", "its_accuracy")
+                }
+                | {"precision_coverage_area": scored[m]["all"]["precision_coverage"]["area"]}
+                for m in methods
+                if m in scored
+            },
         }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     (out / "summary.md").write_text(_summary_markdown(summary, methods))
@@ -158,38 +170,57 @@ def write_report(out: Path, methods: list[str], *, n_boot: int = 2000, plots: bo
 
 def _summary_markdown(summary: dict, methods: list[str]) -> str:
     lines = ["# capo-verl compare", ""]
-    lines += ["Validation: per question, ROC-AUC of the response's lpm against correctness over its samples, "
-              "averaged over questions with both outcomes (AUC-mean), and mean accuracy (mean@k). Brackets: 95% "
-              f"percentile bootstrap over validation questions ({summary['n_boot']} resamples). AUC-mean over fewer "
-              f"than {MIN_MIXED_QUESTIONS} mixed questions is marked *too few to judge*.", ""]
+    lines += [
+        "Validation: per question, ROC-AUC of the response's lpm against correctness over its samples, "
+        "averaged over questions with both outcomes (AUC-mean), and mean accuracy (mean@k). Brackets: 95% "
+        f"percentile bootstrap over validation questions ({summary['n_boot']} resamples). AUC-mean over fewer "
+        f"than {MIN_MIXED_QUESTIONS} mixed questions is marked *too few to judge*.",
+        "",
+    ]
     lines += ["| method | step | questions (mixed) | AUC-mean | accuracy |", "|---|---|---|---|---|"]
     for m in methods:
         passes = summary["methods"][m]["passes"]
-        for p in ([passes[0], passes[-1]] if len(passes) > 1 else passes):
+        for p in [passes[0], passes[-1]] if len(passes) > 1 else passes:
             auc = _fmt_ci(p["auc_mean"], p["auc_mean_ci"])
             if not p["auc_judgeable"]:
                 auc += " *too few to judge*"
-            lines.append(f"| {m} | {p['step']} | {p['n_questions']} ({p['n_mixed']}) | {auc} | "
-                         f"{_fmt_ci(p['accuracy'], p['accuracy_ci'], pct=True)} |")
+            lines.append(
+                f"| {m} | {p['step']} | {p['n_questions']} ({p['n_mixed']}) | {auc} | "
+                f"{_fmt_ci(p['accuracy'], p['accuracy_ci'], pct=True)} |"
+            )
     if summary["differences"]:
-        lines += ["", "Differences at the last common validation step (paired bootstrap over the same questions):", "",
-                  "| difference | step | AUC-mean | accuracy (points) |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Differences at the last common validation step (paired bootstrap over the same questions):",
+            "",
+            "| difference | step | AUC-mean | accuracy (points) |",
+            "|---|---|---|---|",
+        ]
         for name, d in summary["differences"].items():
-            lines.append(f"| {name} | {d['step']} | {_fmt_ci(d['auc_mean_diff'], d['auc_mean_diff_ci'])} | "
-                         f"{_fmt_ci(d['accuracy_diff'], d['accuracy_diff_ci'], pct=True)} |")
+            lines.append(
+                f"| {name} | {d['step']} | {_fmt_ci(d['auc_mean_diff'], d['auc_mean_diff_ci'])} | "
+                f"{_fmt_ci(d['accuracy_diff'], d['accuracy_diff_ci'], pct=True)} |"
+            )
     held_out = summary.get("held_out_eval")
     if held_out:
-        lines += ["", f"Held-out evaluation of the final checkpoints (`capo-verl eval`; full report: "
-                  f"[{held_out['report']}]({held_out['report']}), with precision-coverage and inference-time scaling):",
-                  "", "| method | questions x k (mixed) | AUC-mean | mean@k | precision-coverage area | "
-                  "ITS: perplexity consistency | ITS: majority vote |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Held-out evaluation of the final checkpoints (`capo-verl eval`; full report: "
+            f"[{held_out['report']}]({held_out['report']}), with precision-coverage and inference-time scaling):",
+            "",
+            "| method | questions x k (mixed) | AUC-mean | mean@k | precision-coverage area | "
+            "ITS: perplexity consistency | ITS: majority vote |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for m, e in held_out["methods"].items():
             auc = "n/a" if e["auc_mean"] is None else f"{e['auc_mean']:.3f}"
             its = e.get("its_accuracy") or {}
-            lines.append(f"| {m} | {e['n_questions']} x {e['k']} ({e['n_mixed_questions']}) | {auc} | "
-                         f"{100 * e['mean_acc']:.1f}% | {e['precision_coverage_area']:.3f} | "
-                         f"{100 * its.get('ppl_consistency', float('nan')):.1f}% | "
-                         f"{100 * its.get('majority_vote', float('nan')):.1f}% |")
+            lines.append(
+                f"| {m} | {e['n_questions']} x {e['k']} ({e['n_mixed_questions']}) | {auc} | "
+                f"{100 * e['mean_acc']:.1f}% | {e['precision_coverage_area']:.3f} | "
+                f"{100 * its.get('ppl_consistency', float('nan')):.1f}% | "
+                f"{100 * its.get('majority_vote', float('nan')):.1f}% |"
+            )
     runs = [(m, summary["methods"][m].get("run")) for m in methods]
     if any(r for _, r in runs):
         lines += ["", "Runs:", ""]
@@ -215,7 +246,7 @@ def _plots(out: Path, runs: dict, *, n_boot: int) -> None:
                 if smooth and len(ys) >= smooth:  # raw per-step values faint, trailing moving average bold
                     line = ax.plot(xs, ys, lw=0.8, alpha=0.35)[0]
                     avg = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
-                    ax.plot(xs[smooth - 1:], avg, color=line.get_color(), lw=2, label=f"{m} ({smooth}-step mean)")
+                    ax.plot(xs[smooth - 1 :], avg, color=line.get_color(), lw=2, label=f"{m} ({smooth}-step mean)")
                     continue
                 line = ax.plot(xs, ys, marker="o", ms=3, label=m)[0]
                 if lo is not None:
@@ -239,18 +270,33 @@ def _plots(out: Path, runs: dict, *, n_boot: int) -> None:
             lo = [p[ci_key][0] for p in ps]
             hi = [p[ci_key][1] for p in ps]
             return xs, ys, lo, hi
+
         return get
 
     def metric_getter(suffix, prefix=""):
         def get(r):
             xs, ys = series(r["metrics"], suffix, prefix)
             return xs, ys, None, None
+
         return get
 
-    figure("val_auc_mean.png", "validation AUC-mean (95% bootstrap band)", "AUC-mean",
-           val_getter("auc_mean", "auc_mean_ci"))
-    figure("val_accuracy.png", "validation accuracy mean@k (95% bootstrap band)", "accuracy",
-           val_getter("accuracy", "accuracy_ci"))
-    figure("train_auc_mean.png", "training batch AUC-mean (capo/auc_mean)", "AUC-mean",
-           metric_getter("capo/auc_mean"), smooth=5)
+    figure(
+        "val_auc_mean.png",
+        "validation AUC-mean (95% bootstrap band)",
+        "AUC-mean",
+        val_getter("auc_mean", "auc_mean_ci"),
+    )
+    figure(
+        "val_accuracy.png",
+        "validation accuracy mean@k (95% bootstrap band)",
+        "accuracy",
+        val_getter("accuracy", "accuracy_ci"),
+    )
+    figure(
+        "train_auc_mean.png",
+        "training batch AUC-mean (capo/auc_mean)",
+        "AUC-mean",
+        metric_getter("capo/auc_mean"),
+        smooth=5,
+    )
     figure("entropy.png", "actor entropy", "entropy (nats)", metric_getter("actor/entropy"), smooth=5)

@@ -34,8 +34,11 @@ def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path
     """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
     paths, then ``overrides`` (shared by every method)."""
     return [
-        sys.executable, "-m", "verl.trainer.main_ppo",
-        f"--config-path={config_dir}", f"--config-name={config_name}",
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"--config-path={config_dir}",
+        f"--config-name={config_name}",
         *METHODS[method].overrides,
         f"++trainer.experiment_name={method}",
         "++trainer.logger=[console,file]",
@@ -45,8 +48,9 @@ def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path
     ]
 
 
-def run_method(method: str, out: Path, config_name: str, config_dir: Path, overrides: list[str], *,
-               settings: dict) -> Path:
+def run_method(
+    method: str, out: Path, config_name: str, config_dir: Path, overrides: list[str], *, settings: dict
+) -> Path:
     """Train one method in ``<out>/<method>``; returns that folder.
 
     A folder with ``done.json`` is reused as it is (its settings are checked by
@@ -75,13 +79,21 @@ def run_method(method: str, out: Path, config_name: str, config_dir: Path, overr
     print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=run_dir, env=train_env(run_dir / "metrics.jsonl"), stdout=log,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            cmd,
+            cwd=run_dir,
+            env=train_env(run_dir / "metrics.jsonl"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     wall = time.time() - t0
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
-        raise RuntimeError(f"{method}: verl's trainer exited with {proc.returncode} after {wall:.0f} s; "
-                           f"log {log_path}; last lines:\n{tail}")
+        raise RuntimeError(
+            f"{method}: verl's trainer exited with {proc.returncode} after {wall:.0f} s; "
+            f"log {log_path}; last lines:\n{tail}"
+        )
     record = {"method": method, "wall_s": wall, "command": shlex.join(cmd), "settings": settings}
     done.write_text(json.dumps(record, indent=1) + "\n")
     print(f"[compare] {method}: done in {wall / 60:.1f} min", flush=True)
@@ -118,14 +130,38 @@ def evaluate(out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_
         target = out / m / "eval_generations.jsonl"
         if not (out / m / "eval_done").exists():
             model = final_hf_checkpoint(out / m)
-            cmd = [sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", str(model),
-                   "--data", str(eval_data), "-k", str(k), "--max-new-tokens", str(max_new_tokens),
-                   "--temperature", "1.0", "--seed", "0", "--dtype", "bfloat16", "--no-progress", "--out", str(target)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "capo_verl.cli",
+                "eval",
+                "generate",
+                "--model",
+                str(model),
+                "--data",
+                str(eval_data),
+                "-k",
+                str(k),
+                "--max-new-tokens",
+                str(max_new_tokens),
+                "--temperature",
+                "1.0",
+                "--seed",
+                "0",
+                "--dtype",
+                "bfloat16",
+                "--no-progress",
+                "--out",
+                str(target),
+            ]
             print(f"[compare] {m}: eval generate on {eval_data.name} (k={k})", flush=True)
             subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
             (out / m / "eval_done").write_text(json.dumps({"k": k, "command": shlex.join(cmd)}, indent=1) + "\n")
         files.append(f"{m}={target}")
     report = out / "eval_report"
-    subprocess.run([sys.executable, "-m", "capo_verl.cli", "eval", "score", "--generations", *files,
-                    "--out", str(report)], check=True, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "capo_verl.cli", "eval", "score", "--generations", *files, "--out", str(report)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
     return report

@@ -119,8 +119,9 @@ def paired_difference(a: ValidationPass, b: ValidationPass, *, n_boot: int = 200
     return {
         "n_questions": len(common),
         "accuracy_diff": float(acc_a.mean() - acc_b.mean()),
-        "accuracy_diff_ci": bootstrap_ci(lambda i: acc_a[i].mean() - acc_b[i].mean(), len(common),
-                                         n_boot=n_boot, seed=seed),
+        "accuracy_diff_ci": bootstrap_ci(
+            lambda i: acc_a[i].mean() - acc_b[i].mean(), len(common), n_boot=n_boot, seed=seed
+        ),
         "auc_mean_diff": auc_diff(full) if both else None,
         "auc_mean_diff_ci": bootstrap_ci(auc_diff, len(common), n_boot=n_boot, seed=seed) if both else None,
     }

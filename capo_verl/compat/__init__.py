@@ -103,9 +103,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         else:
             return None
         if spec.loader is not None:
-            spec.loader = _PatchingLoader(
-                spec.loader, self.pending.pop(fullname, []), self.contexts.pop(fullname, [])
-            )
+            spec.loader = _PatchingLoader(spec.loader, self.pending.pop(fullname, []), self.contexts.pop(fullname, []))
         return spec
 
 

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import os
 import types
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -181,7 +181,7 @@ def _register_platform() -> None:
         def set_device(self, device_index: int) -> None:
             return None
 
-        def synchronize(self, device_index: Optional[int] = None) -> None:
+        def synchronize(self, device_index: int | None = None) -> None:
             return None
 
         def manual_seed(self, seed: int) -> None:
@@ -196,7 +196,7 @@ def _register_platform() -> None:
         def empty_cache(self) -> None:
             return None
 
-        def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
             return None, None
 
         def communication_backend_name(self) -> str:

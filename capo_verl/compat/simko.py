@@ -316,11 +316,13 @@ def _simko_model_outputs(engine, original, output, output_args, micro_batch, los
         full = values.new_zeros((total, *values.shape[1:]))
         return torch.nested.nested_tensor_from_jagged(full.index_put((used,), values), offsets=cu_seqlens)
 
-    model_output.update({
-        GAPS_KEY: packed(gaps),
-        TOP1_KEY: packed(is_top1.to(torch.float32)),
-        ENTROPY_KEY: packed(entropy),
-    })
+    model_output.update(
+        {
+            GAPS_KEY: packed(gaps),
+            TOP1_KEY: packed(is_top1.to(torch.float32)),
+            ENTROPY_KEY: packed(entropy),
+        }
+    )
     return model_output
 
 
@@ -338,7 +340,7 @@ def _response_positions(micro_batch, cu_seqlens: torch.Tensor) -> torch.Tensor:
     else:
         attention_mask = micro_batch["attention_mask"]
         prompt_lens = attention_mask[:, : prompts.shape[1]].sum(dim=1)
-        response_lens = attention_mask[:, prompts.shape[1]:].sum(dim=1)
+        response_lens = attention_mask[:, prompts.shape[1] :].sum(dim=1)
     ends = cu_seqlens[1:].to(torch.long)
     if not torch.equal((prompt_lens + response_lens).to(torch.long), ends - cu_seqlens[:-1].to(torch.long)):
         raise _runtime_error("prompt and response lengths do not add up to the packed sequence lengths")

@@ -299,9 +299,7 @@ def _wrap_val_metrics_update(cls, where: str) -> None:
         RuntimeError: at patch time, verl's method does not have 0.9.1's parameters.
     """
     original = cls._val_metrics_update
-    check_signature(
-        original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where
-    )
+    check_signature(original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where)
 
     @functools.wraps(original)
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):

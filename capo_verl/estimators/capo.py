@@ -255,8 +255,9 @@ def compute_capo_outcome_advantage(
         old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
         ref_log_prob=ref_log_prob, need_ref=cfg.use_mask,
     )  # fmt: skip
-    adv = capo_pairwise_advantages(batch.lpm, batch.correct, batch.valid, batch.gid, batch.n_groups, cfg.tau,
-                                   cfg.normalize)
+    adv = capo_pairwise_advantages(
+        batch.lpm, batch.correct, batch.valid, batch.gid, batch.n_groups, cfg.tau, cfg.normalize
+    )
     keep = None
     if cfg.use_mask:
         keep = reference_ppl_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)

@@ -13,5 +13,4 @@ The metric functions themselves live in :mod:`capo_verl.metrics`.
 
 #: Fields every generation line carries (``capo-verl eval generate`` writes them, ``score`` requires them and
 #: checks their types: see :func:`capo_verl.evaluation.score.read_generations`).
-REQUIRED_FIELDS = ("data_source", "question_id", "sample_index", "response", "answer", "correct", "lpm",
-                   "num_tokens")
+REQUIRED_FIELDS = ("data_source", "question_id", "sample_index", "response", "answer", "correct", "lpm", "num_tokens")

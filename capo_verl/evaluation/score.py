@@ -20,8 +20,8 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,7 @@ def _is_number(x) -> bool:
 
 def _check_line(rec: dict, where: str) -> None:
     """Type and range checks of one generation line; ``where`` is ``"FILE:LINE"``."""
+
     def bad(field: str, expected: str):
         value = rec[field]
         return ValueError(f"{where}: {field} is {json.dumps(value)} ({type(value).__name__}); expected {expected}")
@@ -89,11 +90,14 @@ def _check_line(rec: dict, where: str) -> None:
     except OverflowError:  # an int beyond float range
         value = math.inf
     if not math.isfinite(value):
-        raise ValueError(f"{where}: lpm is {lpm!r}; every response needs a finite mean log-prob "
-                         "(regenerate it, or drop that line)")
+        raise ValueError(
+            f"{where}: lpm is {lpm!r}; every response needs a finite mean log-prob (regenerate it, or drop that line)"
+        )
     if value > LPM_TOLERANCE:
-        raise ValueError(f"{where}: lpm is {lpm!r}, but a mean token log-prob is <= 0 nats (up to {LPM_TOLERANCE:g} "
-                         "is accepted as float rounding); is it a negated log-prob or a probability?")
+        raise ValueError(
+            f"{where}: lpm is {lpm!r}, but a mean token log-prob is <= 0 nats (up to {LPM_TOLERANCE:g} "
+            "is accepted as float rounding); is it a negated log-prob or a probability?"
+        )
     n = rec["num_tokens"]
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise bad("num_tokens", "an integer >= 0")
@@ -127,8 +131,9 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"no such generation file: {path} (write one with `capo-verl eval generate`)")
     if path.is_dir():
         raise ValueError(f"{path} is a folder; pass a generation .jsonl file (from `capo-verl eval generate`)")
-    cols: dict[str, list] = {f: [] for f in ("data_source", "question_id", "answer", "correct", "lpm", "num_tokens",
-                                             "truncated")}
+    cols: dict[str, list] = {
+        f: [] for f in ("data_source", "question_id", "answer", "correct", "lpm", "num_tokens", "truncated")
+    }
     first_line: dict[tuple[str, str, int], int] = {}  # (data_source, question_id, sample_index) -> line
     questions: dict[tuple[str, str], list[int]] = {}  # (data_source, question_id) -> [first line, responses]
     with open(path, "rb") as f:
@@ -136,18 +141,23 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start}); "
-                                 "is this a `capo-verl eval generate` output?") from None
+                raise ValueError(
+                    f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                    "is this a `capo-verl eval generate` output?"
+                ) from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not a JSON line ({e}); is this a `capo-verl eval generate` "
-                                 "output?") from e
+                raise ValueError(
+                    f"{path}:{i}: not a JSON line ({e}); is this a `capo-verl eval generate` output?"
+                ) from e
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{i}: a JSON {type(rec).__name__}, not an object; each line is one response "
-                                 "as a JSON object")
+                raise ValueError(
+                    f"{path}:{i}: a JSON {type(rec).__name__}, not an object; each line is one response "
+                    "as a JSON object"
+                )
             missing = [k for k in REQUIRED_FIELDS if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{i}: missing field(s) {missing}; each line needs {list(REQUIRED_FIELDS)}")
@@ -155,9 +165,11 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
             question = (rec["data_source"], str(rec["question_id"]))
             sample = (*question, rec["sample_index"])
             if sample in first_line:
-                raise ValueError(f"{path}:{i}: duplicate response: data_source {question[0]!r}, question_id "
-                                 f"{question[1]!r}, sample_index {sample[2]} is already on line {first_line[sample]} "
-                                 "(the same run appended twice?); keep one of them")
+                raise ValueError(
+                    f"{path}:{i}: duplicate response: data_source {question[0]!r}, question_id "
+                    f"{question[1]!r}, sample_index {sample[2]} is already on line {first_line[sample]} "
+                    "(the same run appended twice?); keep one of them"
+                )
             first_line[sample] = i
             questions.setdefault(question, [i, 0])[1] += 1
             cols["data_source"].append(question[0])
@@ -174,9 +186,11 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
         k = counts.most_common(1)[0][0]
         (ds, qid), (line, n) = next((q, v) for q, v in questions.items() if v[1] != k)
         sizes = ", ".join(f"{m} for {c} question(s)" for m, c in sorted(counts.items(), reverse=True))
-        raise ValueError(f"{path}:{line}: data_source {ds!r}, question_id {qid!r} has {n} response(s), but other "
-                         f"questions have {k} (responses per question in this file: {sizes}); a file holds one run "
-                         "with the same k for every question: put runs of different k in separate files")
+        raise ValueError(
+            f"{path}:{line}: data_source {ds!r}, question_id {qid!r} has {n} response(s), but other "
+            f"questions have {k} (responses per question in this file: {sizes}); a file holds one run "
+            "with the same k for every question: put runs of different k in separate files"
+        )
     return {
         "data_source": np.array(cols["data_source"], dtype=object),
         "question_id": np.array(cols["question_id"], dtype=object),
@@ -188,8 +202,9 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
     }
 
 
-def score_responses(group, answer, correct, lpm, num_tokens=None, truncated=None,
-                    levels: Sequence[float] = COVERAGE_LEVELS) -> dict:
+def score_responses(
+    group, answer, correct, lpm, num_tokens=None, truncated=None, levels: Sequence[float] = COVERAGE_LEVELS
+) -> dict:
     """All metrics of one set of responses (one data source, or all of a run).
 
     Args:
@@ -246,13 +261,22 @@ def score_generations(cols: Mapping[str, np.ndarray], levels: Sequence[float] = 
     out = {}
     for source in sorted(set(ds.tolist())):
         sel = ds == source
-        out[source] = score_responses(cols["question_id"][sel], cols["answer"][sel], cols["correct"][sel],
-                                      cols["lpm"][sel], cols["num_tokens"][sel], cols["truncated"][sel], levels)
+        out[source] = score_responses(
+            cols["question_id"][sel],
+            cols["answer"][sel],
+            cols["correct"][sel],
+            cols["lpm"][sel],
+            cols["num_tokens"][sel],
+            cols["truncated"][sel],
+            levels,
+        )
     group_all = np.array([f"{d}\x1f{q}" for d, q in zip(ds, cols["question_id"])], dtype=object)
-    out["all"] = score_responses(group_all, cols["answer"], cols["correct"], cols["lpm"], cols["num_tokens"],
-                                 cols["truncated"], levels)
+    out["all"] = score_responses(
+        group_all, cols["answer"], cols["correct"], cols["lpm"], cols["num_tokens"], cols["truncated"], levels
+    )
     sources = [s for s in out if s != "all"]
     if len(sources) > 1:
+
         def avg(values):
             values = [v for v in values if not math.isnan(v)]
             return float(np.mean(values)) if values else float("nan")
@@ -319,15 +343,21 @@ def _source_rows(per_run: list[dict | None]) -> list[tuple[str, list[str]]]:
         ("AUC-mean", cells(lambda m: _num(m["auc_mean"]))),
         ("questions with both outcomes", cells(lambda m: str(m["n_mixed_questions"]))),
     ]
-    rows += [(f"ITS accuracy, {name} (%)", cells(lambda m, key=key: _pct(m["its_accuracy"][key])))
-             for key, name in _ITS_NAMES.items()]
+    rows += [
+        (f"ITS accuracy, {name} (%)", cells(lambda m, key=key: _pct(m["its_accuracy"][key])))
+        for key, name in _ITS_NAMES.items()
+    ]
     levels = next(m for m in per_run if m is not None)["precision_coverage"]["coverage"]
-    rows += [(f"precision @ coverage {c:.1f} (%)", cells(lambda m, i=i: _pct(m["precision_coverage"]["precision"][i])))
-             for i, c in enumerate(levels)]
+    rows += [
+        (f"precision @ coverage {c:.1f} (%)", cells(lambda m, i=i: _pct(m["precision_coverage"]["precision"][i])))
+        for i, c in enumerate(levels)
+    ]
     rows += [
         ("area under precision-coverage (%)", cells(lambda m: _pct(m["precision_coverage"]["area"]))),
-        ("mean lpm, correct / incorrect (nats)",
-         cells(lambda m: f"{_num(m['lpm_correct_mean'])} / {_num(m['lpm_incorrect_mean'])}")),
+        (
+            "mean lpm, correct / incorrect (nats)",
+            cells(lambda m: f"{_num(m['lpm_correct_mean'])} / {_num(m['lpm_incorrect_mean'])}"),
+        ),
         ("responses with an answer (%)", cells(lambda m: _pct(m["answered_frac"]))),
         ("truncated responses (%)", cells(lambda m: _pct(m.get("truncated_frac")))),
         ("mean response tokens", cells(lambda m: _num(m.get("mean_num_tokens"), ".1f"))),
@@ -335,43 +365,66 @@ def _source_rows(per_run: list[dict | None]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def write_report(results: Mapping[str, dict], files: Mapping[str, str], metas: Mapping[str, dict],
-                 out_dir: str | os.PathLike, plots: Sequence[str] = ()) -> Path:
+def write_report(
+    results: Mapping[str, dict],
+    files: Mapping[str, str],
+    metas: Mapping[str, dict],
+    out_dir: str | os.PathLike,
+    plots: Sequence[str] = (),
+) -> Path:
     """Write ``out_dir/report.md``: the runs, then one table per data source and all (runs side by side)."""
     labels = list(results)
-    lines = ["# Evaluation report", "",
-             "Confidence is each response's mean token log-probability `lpm` (nats). mean@k: mean over questions "
-             "of the fraction correct. AUC-mean: per-question ROC-AUC of lpm against correctness (ties 1/2), "
-             "averaged over questions with both outcomes (paper Eq. 7-8). ITS: one answer per question from "
-             "its k responses (perplexity consistency = paper Algorithm 1; empty answers do not vote; ties "
-             "share credit). Precision @ coverage: responses pooled and ranked by lpm, precision of the most "
-             "confident fraction (paper Figure 4). `all` pools every question of a run.", "",
-             "## Runs", "",
-             "| run | file | model | backend | k | temperature | top_p | max new tokens | seed "
-             "| generation wall time |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Evaluation report",
+        "",
+        "Confidence is each response's mean token log-probability `lpm` (nats). mean@k: mean over questions "
+        "of the fraction correct. AUC-mean: per-question ROC-AUC of lpm against correctness (ties 1/2), "
+        "averaged over questions with both outcomes (paper Eq. 7-8). ITS: one answer per question from "
+        "its k responses (perplexity consistency = paper Algorithm 1; empty answers do not vote; ties "
+        "share credit). Precision @ coverage: responses pooled and ranked by lpm, precision of the most "
+        "confident fraction (paper Figure 4). `all` pools every question of a run.",
+        "",
+        "## Runs",
+        "",
+        "| run | file | model | backend | k | temperature | top_p | max new tokens | seed | generation wall time |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for label in labels:
         m = metas.get(label, {})
         wall = m.get("wall_s")
-        lines.append(f"| {label} | `{files[label]}` | {m.get('model', '–')} | {m.get('backend', '–')} | "
-                     f"{m.get('k', '–')} | {m.get('temperature', '–')} | {m.get('top_p', '–')} | "
-                     f"{m.get('max_new_tokens', '–')} | {m.get('seed', '–')} | "
-                     f"{'–' if wall is None else f'{wall:.0f} s'} |")
+        lines.append(
+            f"| {label} | `{files[label]}` | {m.get('model', '–')} | {m.get('backend', '–')} | "
+            f"{m.get('k', '–')} | {m.get('temperature', '–')} | {m.get('top_p', '–')} | "
+            f"{m.get('max_new_tokens', '–')} | {m.get('seed', '–')} | "
+            f"{'–' if wall is None else f'{wall:.0f} s'} |"
+        )
     sources = sorted({s for r in results.values() for s in r if s not in ("all", "macro_avg")})
     for source in [*sources, "all"]:
         lines += ["", f"## {source}", ""]
         lines += _table(labels, _source_rows([results[l].get(source) for l in labels]))
     if any("macro_avg" in r for r in results.values()):
-        lines += ["", "## average over data sources (unweighted, as the paper's Figure 1a)", "",
-                  "Each metric averages the data sources where it is defined (AUC-mean needs a question with "
-                  "both outcomes).", ""]
-        rows = [("data sources", [str(results[l]["macro_avg"]["n_data_sources"]) if "macro_avg" in results[l]
-                                  else "–" for l in labels]),
-                ("mean@k accuracy (%)", [_pct(results[l].get("macro_avg", {}).get("mean_acc")) for l in labels]),
-                ("AUC-mean", [_num(results[l].get("macro_avg", {}).get("auc_mean")) for l in labels])]
-        rows += [(f"ITS accuracy, {name} (%)",
-                  [_pct(results[l].get("macro_avg", {}).get("its_accuracy", {}).get(key)) for l in labels])
-                 for key, name in _ITS_NAMES.items()]
+        lines += [
+            "",
+            "## average over data sources (unweighted, as the paper's Figure 1a)",
+            "",
+            "Each metric averages the data sources where it is defined (AUC-mean needs a question with both outcomes).",
+            "",
+        ]
+        rows = [
+            (
+                "data sources",
+                [str(results[l]["macro_avg"]["n_data_sources"]) if "macro_avg" in results[l] else "–" for l in labels],
+            ),
+            ("mean@k accuracy (%)", [_pct(results[l].get("macro_avg", {}).get("mean_acc")) for l in labels]),
+            ("AUC-mean", [_num(results[l].get("macro_avg", {}).get("auc_mean")) for l in labels]),
+        ]
+        rows += [
+            (
+                f"ITS accuracy, {name} (%)",
+                [_pct(results[l].get("macro_avg", {}).get("its_accuracy", {}).get(key)) for l in labels],
+            )
+            for key, name in _ITS_NAMES.items()
+        ]
         lines += _table(labels, rows)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
@@ -380,8 +433,12 @@ def write_report(results: Mapping[str, dict], files: Mapping[str, str], metas: M
     return path
 
 
-def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike, plots: bool = True,
-               levels: Sequence[float] = COVERAGE_LEVELS) -> dict:
+def score_runs(
+    runs: Mapping[str, str | os.PathLike],
+    out_dir: str | os.PathLike,
+    plots: bool = True,
+    levels: Sequence[float] = COVERAGE_LEVELS,
+) -> dict:
     """Score labelled generation files and write ``metrics.json``, ``report.md`` and the plots to ``out_dir``.
 
     Args:
@@ -407,14 +464,16 @@ def score_runs(runs: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike
     cols = {label: read_generations(path) for label, path in runs.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {label: score_generations(c, levels) for label, c in cols.items()}
-    (out_dir / "metrics.json").write_text(json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n",
-                                          encoding="utf-8")
+    (out_dir / "metrics.json").write_text(
+        json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )
     pngs: list[str] = []
     if plots:
         from capo_verl.evaluation import plots as P
 
         pngs.append(str(P.plot_precision_coverage(cols, out_dir / "precision_coverage.png")))
         pngs.append(str(P.plot_accuracy_vs_auc(results, out_dir / "accuracy_vs_auc.png")))
-    write_report(results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()},
-                 out_dir, pngs)
+    write_report(
+        results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()}, out_dir, pngs
+    )
     return results

@@ -206,8 +206,13 @@ def simko_terms(
             f"({CONFIG_KEY}.top_k must match the top-K the actor computed)"
         )
     shape = log_prob.shape
-    for name, tensor in (("topk_log_probs", topk_log_probs[..., 0]), ("is_top1", is_top1), ("entropy", entropy),
-                         ("advantages", advantages), ("response_mask", response_mask)):
+    for name, tensor in (
+        ("topk_log_probs", topk_log_probs[..., 0]),
+        ("is_top1", is_top1),
+        ("entropy", entropy),
+        ("advantages", advantages),
+        ("response_mask", response_mask),
+    ):
         if tensor.shape != shape:
             raise ValueError(f"SimKO: {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} like log_prob")
 
@@ -257,17 +262,26 @@ def simko_diagnostics(
         n = mask.sum().clamp(min=1).float()
         probs = topk_log_probs.detach().float().exp()
         finite = torch.isfinite(terms.threshold)
-        values = torch.stack([
-            terms.forking.sum() / n,
-            terms.smoothed.sum() / n,
-            terms.penalized.sum() / n,
-            (is_top1.bool() & mask).sum() / n,
-            (probs[..., 0] * mask).sum() / n,
-            (probs.sum(dim=-1) * mask).sum() / n,
-            torch.where(finite, terms.threshold.float(), 0.0).sum() / finite.sum().clamp(min=1),
-        ]).tolist()
-    names = ("forking_frac", "smoothed_frac", "penalized_frac", "top1_frac", "top1_prob_mean",
-             "topk_prob_mass_mean", "entropy_threshold_mean")
+        values = torch.stack(
+            [
+                terms.forking.sum() / n,
+                terms.smoothed.sum() / n,
+                terms.penalized.sum() / n,
+                (is_top1.bool() & mask).sum() / n,
+                (probs[..., 0] * mask).sum() / n,
+                (probs.sum(dim=-1) * mask).sum() / n,
+                torch.where(finite, terms.threshold.float(), 0.0).sum() / finite.sum().clamp(min=1),
+            ]
+        ).tolist()
+    names = (
+        "forking_frac",
+        "smoothed_frac",
+        "penalized_frac",
+        "top1_frac",
+        "top1_prob_mean",
+        "topk_prob_mass_mean",
+        "entropy_threshold_mean",
+    )
     return {f"simko/{name}": value for name, value in zip(names, values, strict=True)}
 
 
