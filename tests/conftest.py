@@ -213,6 +213,17 @@ def run_verl(e2e_inputs):
     return run
 
 
+@pytest.fixture(scope="session")
+def stand_in_python(tmp_path_factory) -> Path:
+    """A stand-in for the paper launch scripts' Python (``PYTHON=...``): their "can it import verl" check passes, and
+    their ``--dry-run`` config printing (a program on stdin) prints ``# stand-in python: <its arguments>`` instead of
+    importing verl. Tests compose the printed command in-process: one verl import for every script."""
+    path = tmp_path_factory.mktemp("stand_in_python") / "python"
+    path.write_text('#!/bin/sh\nif [ "$1" = "-" ]; then shift; cat >/dev/null; echo "# stand-in python: $*"; fi\n')
+    path.chmod(0o755)
+    return path
+
+
 #: the CAPO run of tests/test_e2e_capo.py; its checkpoint at step 2 is resumed by tests/test_e2e_baselines.py
 CAPO_OVERRIDES = (
     "algorithm.adv_estimator=capo",
