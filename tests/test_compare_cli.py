@@ -1,10 +1,13 @@
-"""``capo-verl compare`` through its command line, as a subprocess: refusals (exit 2, one line, before anything is
-written or trained), the output folder's safety, reuse of finished methods, ``--plot-only`` on the committed runs,
-and the config lookup of an installed wheel. No test here trains: finished runs are built from the committed logs
-(benchmarks/results/compare_cpu), and every command is killed if it runs longer than a check can take."""
+"""``capo-verl compare`` through its command line: refusals (exit 2, one line, before anything is written or
+trained), the output folder's safety, reuse of finished methods, ``--plot-only`` on the committed runs, and the
+config lookup of an installed wheel. The command line runs in this process through ``main`` (one verl import for
+all), the console script as a subprocess. No test here trains: finished runs are built from the committed logs
+(benchmarks/results/compare_cpu), and a command that gets as far as training fails its test."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -12,11 +15,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-from capo_verl.compare import MARKER, RUN_MARKER, build_parser, make_plan, paired_difference, prepare_out
+from capo_verl.compare import MARKER, RUN_MARKER, build_parser, cli, make_plan, paired_difference, prepare_out
 from capo_verl.compare.report import validation_passes
+from capo_verl.compare.running import run_method
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "benchmarks" / "results" / "compare_cpu"
@@ -25,18 +30,45 @@ CHECK_TIMEOUT_S = 240  # composing verl's config takes 10-30 s on 2 busy cores; 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")
 
 
-def run_cli(
-    *args: str,
-    cwd: Path,
-    command: tuple[str, ...] = (sys.executable, "-m", "capo_verl.compare"),
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """Run the command line; fail (killing its process group) if it runs long enough to be training."""
-    cmd = [*command, *args]
+def run_cli(*args: str, cwd: Path, command: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
+    """``capo-verl compare ARGS``: by default its ``main`` in this process (what ``python -m capo_verl.compare``
+    runs), with ``command`` as a subprocess. In-process, a run that gets as far as training or evaluating a
+    method that has not finished fails the test; a subprocess is killed past ``CHECK_TIMEOUT_S``."""
+    if command is not None:
+        return _run_subprocess([*command, *args], cwd)
+
+    def run_method_if_done(method, out, *rest, **kwargs):
+        if not (out / method / "done.json").exists():
+            pytest.fail(f"compare {' '.join(args)} would train {method}: it should have stopped before")
+        return run_method(method, out, *rest, **kwargs)
+
+    def no_evaluation(*_args, **_kwargs):
+        pytest.fail(f"compare {' '.join(args)} would run the held-out evaluation")
+
+    out, err = io.StringIO(), io.StringIO()
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with (
+            mock.patch.object(cli, "run_method", run_method_if_done),
+            mock.patch.object(cli, "evaluate", no_evaluation),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse: --help
+                code = exc.code or 0
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["capo-verl", "compare", *args], code, out.getvalue(), err.getvalue())
+
+
+def _run_subprocess(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``cmd``; fail (killing its process group) if it runs long enough to be training."""
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
-        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
