@@ -47,7 +47,6 @@ def read(path):
 @pytest.fixture(scope="module")
 def engine():
     """The engine ``eval generate --model smollm2`` starts (device and dtype auto), shared by the module's tests."""
-    pytest.importorskip("vllm")
     saved = dict(os.environ)  # the CPU defaults are set for this engine only
     backend = G.VLLMBackend("smollm2")
     try:
@@ -264,7 +263,6 @@ def test_backend_hf_is_retired(tmp_path, capsys):
 
 
 def test_device_and_gguf_errors(tmp_path):
-    pytest.importorskip("vllm")
     with pytest.raises(ValueError, match="--device 'cuda:1': use auto, cpu or cuda"):
         G.vllm_device("cuda:1")
     found = G.vllm_device()

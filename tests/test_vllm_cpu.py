@@ -144,7 +144,7 @@ def engine(tmp_path_factory):
     )
     hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     yield llm, hf
-    del llm
+    llm.llm_engine.engine_core.shutdown()  # its worker process ends here, not in an exit hook after pytest's output
 
 
 def _sync(llm, named_tensors) -> list:
