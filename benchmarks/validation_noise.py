@@ -13,9 +13,7 @@ rank, trainer step, prompt tokens, occurrence of the prompt at that step), so th
 random numbers whatever the batching, and differ only where float rounding of the batched forward pass (bfloat16)
 tips a sampled token: a difference of AUC-mean between them is then rounding, not sampling. Responses are compared
 per question as multisets, since the 8 samples of a question may reach the server in another order. Both passes
-run with ``rollout.enable_chunked_prefill=false``: vLLM 0.27 on CPU cannot resume a seeded request whose prompt was
-prefilled in parts (its engine dies with "CPU Generator does not use offset"), and 512 prompts do not fit in one
-step's token budget (``max_num_batched_tokens`` 8192).
+prefill whole prompts (the CPU profile's ``rollout.enable_chunked_prefill: false``).
 
     python benchmarks/validation_noise.py                       # about 8 minutes on 2 idle cores
     python benchmarks/validation_noise.py --json out.json       # also write the figures to a file
@@ -52,10 +50,6 @@ def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path,
         f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
         f"actor_rollout_ref.model.path={model}",
         f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
-        # vLLM 0.27 rewinds a seeded request's generator after a partial (chunked) prefill, which a CPU generator
-        # cannot do ("CPU Generator does not use offset", the engine dies): 512 prompts do not fit in one step's
-        # token budget, so prompts are prefilled whole
-        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
         "trainer.val_before_train=true",
         "++trainer.val_only=true",
         "trainer.logger=[console,file]",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,26 @@ def test_request_seeds_differ_by_occurrence_step_and_prompt_and_repeat_exactly()
     }
     assert base not in others and len(others) == 5
     assert 0 <= base < 2**63
+
+
+def test_inverse_cdf_draws_follow_the_probabilities_and_never_a_zero_probability_token():
+    probs = torch.tensor(
+        [[0.0, 0.1, 0.0, 0.6, 0.3, 0.0], [0.25, 0.25, 0.0, 0.0, 0.5, 0.0]], dtype=torch.float32
+    )  # zeros first, inside and last: what a top-k/top-p cut leaves
+    n = 10_000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # stratified: each token gets its share within one draw
+    for row in range(2):
+        drawn = vllm_cpu.inverse_cdf_sample(probs[row].expand(n, -1), u)
+        counts = torch.bincount(drawn, minlength=6).double()
+        assert (counts - n * probs[row].double()).abs().max() <= 1, counts
+    # the ends: u = 0 takes the first token with mass; u = 1 (a target rounded up to the total) the last one
+    ends = vllm_cpu.inverse_cdf_sample(probs, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    assert ends.tolist() == [1, 4]
+    # a row's draw depends on its own probabilities and uniform only
+    u2 = torch.tensor([0.35, 0.9], dtype=torch.float64)
+    both = vllm_cpu.inverse_cdf_sample(probs, u2)
+    assert [vllm_cpu.inverse_cdf_sample(probs[i : i + 1], u2[i : i + 1]).item() for i in range(2)] == both.tolist()
+    assert both.tolist() == [3, 4]
 
 
 def test_sync_timeout_must_be_positive(monkeypatch):
@@ -139,6 +161,7 @@ def engine(tmp_path_factory):
         dtype="bfloat16",
         enforce_eager=True,
         max_model_len=256,
+        enable_chunked_prefill=False,  # as the CPU profile (configs/cpu_base.yaml): seeded requests need it
         seed=0,
         worker_extension_cls="verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
     )
@@ -224,3 +247,38 @@ def test_a_failed_sync_stops_with_an_error_instead_of_hanging(engine, monkeypatc
     with pytest.raises(RuntimeError, match="vLLM did not take or acknowledge a weight bucket within 20 s"):
         _sync(llm, broken)
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.slow  # a vLLM engine
+def test_seeded_requests_are_drawn_by_the_plugins_sampler_from_the_models_distribution(engine):
+    from vllm import SamplingParams
+
+    llm, hf = engine
+    # the tiny model's own weights (sharper than vLLM's dummy ones), whatever the tests before left in the engine
+    outcome = _sync(llm, [(k, v.to(torch.bfloat16)) for k, v in hf.state_dict().items()])
+    assert outcome and not isinstance(outcome[0], Exception), outcome
+    # vLLM's worker process runs the plugin's draw (compat.vllm_cpu._seeded_draws), not vLLM's per-entry noise
+    code = llm.collective_rpc(
+        lambda self: type(self.model_runner.sampler.topk_topp_sampler).forward_cpu.__code__.co_filename
+    )
+    assert code == [vllm_cpu.__file__]
+
+    prompt = {"prompt_token_ids": list(range(5, 25))}
+    first = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=20), use_tqdm=False)[0].outputs[0]
+    probs = {t: math.exp(lp.logprob) for t, lp in first.logprobs[0].items()}  # raw log-probs: T = 1
+    n = 2000
+    outs = llm.generate(
+        [prompt] * n, [SamplingParams(max_tokens=1, temperature=1.0, seed=s) for s in range(n)], use_tqdm=False
+    )
+    drawn = Counter(o.outputs[0].token_ids[0] for o in outs)
+    assert sum(probs.values()) > 0.5  # the check below covers a fair share of the mass
+    for token, p in probs.items():
+        assert abs(drawn[token] - n * p) <= 4 * math.sqrt(n * p * (1 - p)) + 2, (token, drawn[token], n * p)
+
+    # a seed fixes a response: the same seeds in another order and batch give the same responses
+    seeds = list(range(100, 132))
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in seeds]
+    together = [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * 32, params, use_tqdm=False)]
+    reversed_ = [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * 32, params[::-1], use_tqdm=False)]
+    assert together == reversed_[::-1]
+    assert len(set(together)) > 16  # and different seeds draw differently
