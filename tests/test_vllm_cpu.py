@@ -76,24 +76,34 @@ def test_request_seeds_differ_by_occurrence_step_and_prompt_and_repeat_exactly()
     assert 0 <= base < 2**63
 
 
-def test_inverse_cdf_draws_follow_the_probabilities_and_never_a_zero_probability_token():
-    probs = torch.tensor(
-        [[0.0, 0.1, 0.0, 0.6, 0.3, 0.0], [0.25, 0.25, 0.0, 0.0, 0.5, 0.0]], dtype=torch.float32
-    )  # zeros first, inside and last: what a top-k/top-p cut leaves
-    n = 10_000
-    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n  # stratified: each token gets its share within one draw
-    for row in range(2):
-        drawn = vllm_cpu.inverse_cdf_sample(probs[row].expand(n, -1), u)
-        counts = torch.bincount(drawn, minlength=6).double()
-        assert (counts - n * probs[row].double()).abs().max() <= 1, counts
-    # the ends: u = 0 takes the first token with mass; u = 1 (a target rounded up to the total) the last one
-    ends = vllm_cpu.inverse_cdf_sample(probs, torch.tensor([0.0, 1.0], dtype=torch.float64))
-    assert ends.tolist() == [1, 4]
-    # a row's draw depends on its own probabilities and uniform only
-    u2 = torch.tensor([0.35, 0.9], dtype=torch.float64)
-    both = vllm_cpu.inverse_cdf_sample(probs, u2)
-    assert [vllm_cpu.inverse_cdf_sample(probs[i : i + 1], u2[i : i + 1]).item() for i in range(2)] == both.tolist()
-    assert both.tolist() == [3, 4]
+def _splitmix64(key: int, index: int) -> int:
+    """splitmix64 of ``key + (index + 1) * golden`` in Python integers (reference for the vectorized one)."""
+    x = (key + (index + 1) * 0x9E3779B97F4A7C15) % 2**64
+    x ^= x >> 30
+    x = x * 0xBF58476D1CE4E5B9 % 2**64
+    x ^= x >> 27
+    x = x * 0x94D049BB133111EB % 2**64
+    return x ^ (x >> 31)
+
+
+def test_exponential_noise_is_splitmix64_per_key_and_the_race_draws_the_probabilities():
+    keys = [0, 12345, -1, -(2**63), 2**63 - 1]
+    noise = vllm_cpu.exponential_noise(torch.tensor(keys), 7)
+    assert noise.dtype == torch.float32 and noise.shape == (5, 7) and bool((noise > 0).all())
+    expected = [[-math.log(((_splitmix64(k % 2**64, i) >> 40) + 1) / 2**24) for i in range(7)] for k in keys]
+    torch.testing.assert_close(noise, torch.tensor(expected, dtype=torch.float32))
+    # a row depends on its key only
+    assert torch.equal(vllm_cpu.exponential_noise(torch.tensor(keys[2:3]), 7)[0], noise[2])
+
+    # the exponential race argmax(p / q) draws token i with probability p_i; zeros (a top-k/top-p cut) never
+    probs = torch.tensor([0.0, 0.45, 0.0, 0.3, 0.2, 0.05, 0.0])
+    n = 100_000
+    keys = torch.randint(-(2**63), 2**63 - 1, (n,), generator=torch.Generator().manual_seed(0))
+    drawn = (probs / vllm_cpu.exponential_noise(keys, 7)).argmax(dim=-1)
+    counts = torch.bincount(drawn, minlength=7).double()
+    bound = 4 * (n * probs.double() * (1 - probs.double())).sqrt()
+    assert bool(((counts - n * probs.double()).abs() <= bound).all()), counts
+    assert counts[[0, 2, 6]].sum() == 0
 
 
 def test_sync_timeout_must_be_positive(monkeypatch):

