@@ -36,27 +36,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path, model: Path, timeout: int) -> Path:
     """Run verl's trainer in validation-only mode; return the dump ``<workdir>/<name>/0.jsonl``."""
-    from capo_verl.compare import train_env
+    from capo_verl.compare.running import main_ppo_command, train_env
 
     out = workdir / name
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "verl.trainer.main_ppo",
-        f"--config-path={REPO / 'configs'}",
-        "--config-name=compare_smollm2_135m_cpu",
-        f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
-        f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
-        f"actor_rollout_ref.model.path={model}",
-        f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
-        "trainer.val_before_train=true",
-        "++trainer.val_only=true",
-        "trainer.logger=[console,file]",
-        f"trainer.experiment_name={name}",
-        f"trainer.default_local_dir={out / 'ckpt'}",
-        f"++trainer.validation_data_dir={out}",
-    ]
+    cmd = main_ppo_command(
+        REPO / "configs",
+        "compare_smollm2_135m_cpu",
+        [
+            f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
+            f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
+            f"actor_rollout_ref.model.path={model}",
+            f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
+            "trainer.val_before_train=true",
+            "++trainer.val_only=true",
+            "trainer.logger=[console,file]",
+            f"trainer.experiment_name={name}",
+            f"trainer.default_local_dir={out / 'ckpt'}",
+            f"++trainer.validation_data_dir={out}",
+        ],
+    )
     with open(out / "console.log", "w") as log:
         proc = subprocess.run(
             cmd,

@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +151,8 @@ def run_verl(e2e_inputs):
     it still maps are not counted, nor are entries older than this run.
     """
 
+    from capo_verl.compare.running import main_ppo_command
+
     def run(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None) -> VerlRun:
         workdir.mkdir(parents=True, exist_ok=True)
         metrics = workdir / "metrics.jsonl"
@@ -163,15 +164,7 @@ def run_verl(e2e_inputs):
             f"trainer.experiment_name={workdir.name}",
             f"trainer.default_local_dir={workdir / 'ckpt'}",
         ]
-        cmd = [
-            sys.executable,
-            "-m",
-            "verl.trainer.main_ppo",
-            f"--config-path={REPO / 'configs'}",
-            "--config-name=cpu_base",
-            "hydra.searchpath=[pkg://verl.trainer.config]",
-            *merge_overrides(BASE_OVERRIDES, inputs, overrides),
-        ]
+        cmd = main_ppo_command(REPO / "configs", "cpu_base", merge_overrides(BASE_OVERRIDES, inputs, overrides))
         full_env = dict(os.environ)
         full_env.update(
             OMP_NUM_THREADS=str(len(os.sched_getaffinity(0))),

@@ -30,22 +30,38 @@ def train_env(metrics_path: Path) -> dict[str, str]:
     return env
 
 
-def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
-    """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
-    paths, then ``overrides`` (shared by every method)."""
+def main_ppo_command(config_dir: Path, config_name: str, overrides: list[str]) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` (this interpreter) with the config ``<config_dir>/<config_name>.yaml``
+    and the Hydra ``overrides``.
+
+    The command names verl's config package as Hydra's search path, so that any config of ``configs/`` can be the
+    primary one: ``cpu_base.yaml`` cannot say it itself, since Hydra refuses ``hydra.searchpath`` in a config that
+    another one includes ("only supported from the primary config")."""
     return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
         f"--config-path={config_dir}",
         f"--config-name={config_name}",
-        *METHODS[method].overrides,
-        f"++trainer.experiment_name={method}",
-        "++trainer.logger=[console,file]",
-        f"++trainer.default_local_dir={run_dir / 'ckpt'}",
-        f"++trainer.validation_data_dir={run_dir / 'val_generations'}",
-        *overrides,
-    ]
+        "hydra.searchpath=[pkg://verl.trainer.config]",
+    ] + list(overrides)
+
+
+def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
+    paths, then ``overrides`` (shared by every method)."""
+    return main_ppo_command(
+        config_dir,
+        config_name,
+        [
+            *METHODS[method].overrides,
+            f"++trainer.experiment_name={method}",
+            "++trainer.logger=[console,file]",
+            f"++trainer.default_local_dir={run_dir / 'ckpt'}",
+            f"++trainer.validation_data_dir={run_dir / 'val_generations'}",
+            *overrides,
+        ],
+    )
 
 
 def run_method(
