@@ -1,8 +1,11 @@
 """What the estimators share (capo_verl/estimators/common.py) and how verl calls them (capo_verl/compat/methods.py):
-every registered name is batch-aware in verl's registry, GRPO's group statistics are bit-equal to verl's, and a
-group whose outcomes are all equal gets exactly 0 in every estimator, through verl's real ``compute_advantage``."""
+every registered name is batch-aware in verl's registry, GRPO's group statistics equal verl's (to the last bit but
+for a rare rounding of the std), and a group whose outcomes are all equal gets exactly 0 in every estimator, through
+verl's real ``compute_advantage``."""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pytest
@@ -47,8 +50,11 @@ def _random_groups(rng, kind):
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("kind", ["binary", "pm1_shaped", "normal"])
 def test_grpo_group_advantages_is_bitwise_verls_grpo(kind, norm_by_std):
-    """Bit-equal to verl's GRPO in every group (constant 0/1 groups included: verl's mean of 0s or 1s is exact)."""
-    rng = np.random.default_rng(hash((kind, norm_by_std)) % 2**32)
+    """Verl's GRPO in every group (constant 0/1 groups included: verl's mean of 0s or 1s is exact), bit for bit but
+    for torch's batched ``std``, which can round its last bit differently from verl's per-group call (1 in ~6,000
+    random groups, e.g. a group of two at -0.840 and -0.838, differs by 6e-8)."""
+    rng = np.random.default_rng(zlib.crc32(f"{kind}-{norm_by_std}".encode()))  # hash() of a str varies per process
+    mismatched = 0
     for _ in range(30):
         uids, scores = _random_groups(rng, kind)
         bs, T = len(uids), 4
@@ -60,7 +66,9 @@ def test_grpo_group_advantages_is_bitwise_verls_grpo(kind, norm_by_std):
         gid, n_groups = group_ids(uids, bs)
         got = grpo_group_advantages(rewards.sum(-1), torch.from_numpy(gid), n_groups, norm_by_std)
         assert got.dtype == torch.float32
-        assert torch.equal(got, expected[:, 0])
+        torch.testing.assert_close(got, expected[:, 0], rtol=2.0**-22, atol=0.0)  # within two float32 roundings
+        mismatched += int((got != expected[:, 0]).sum())
+    assert mismatched <= 2  # of about 1,500 responses: bit-equal but for the rare std rounding
 
 
 def test_grpo_group_advantages_by_hand():

@@ -31,11 +31,11 @@ def compute_grpo_mask_outcome_advantage(
     """Ablation "GRPO + mask" (paper appendix): GRPO's advantage times the noise mask of Eq. 18.
 
     GRPO's advantage is :func:`~capo_verl.estimators.common.grpo_group_advantages` with
-    ``algorithm.norm_adv_by_std_in_grpo`` (default true; the paper's Dr. GRPO baseline sets false): bit-equal to
-    verl's ``core_algos.compute_grpo_outcome_advantage`` except that a group whose rewards are all equal gets exactly
-    0. The mask uses ``algorithm.capo.{ref_high, ref_low, use_mask, reward_threshold}``. Records
-    ``capo/mask_frac_correct`` and ``capo/mask_frac_incorrect`` (the ``capo/*`` calibration metrics are added by
-    ``capo_verl.compat`` from the batch, as for any estimator).
+    ``algorithm.norm_adv_by_std_in_grpo`` (default true; the paper's Dr. GRPO baseline sets false): equal to verl's
+    ``core_algos.compute_grpo_outcome_advantage`` (up to one float32 rounding of a group's std, rarely) except that a
+    group whose rewards are all equal gets exactly 0. The mask uses ``algorithm.capo.{ref_high, ref_low, use_mask,
+    reward_threshold}``. Records ``capo/mask_frac_correct`` and ``capo/mask_frac_incorrect`` (the ``capo/*`` calibration
+    metrics are added by ``capo_verl.compat`` from the batch, as for any estimator).
 
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum (float32).
