@@ -136,7 +136,7 @@ if [ -z "$why_not" ] && ! run "${PIP[@]}" -e ".[dev,cpu]"; then
 fi
 if [ -n "$why_not" ]; then
   echo "capo-verl: vLLM for CPU not installed ($why_not): the estimators, metrics, evaluation scoring, configs and" \
-    "unit tests work; training and generation on this machine (scripts/run_*_cpu.sh, eval generate) do not." >&2
+    "the tests that need no vLLM work; training and generation here (scripts/run_*_cpu.sh, eval generate) do not." >&2
 else
   run "$VPY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
