@@ -142,3 +142,44 @@ def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
         assert out.strip().splitlines()[-1] == "gloo 3.0"
+
+
+@pytest.mark.parametrize("api", ["cuda", "accelerator"])
+def test_a_host_where_torch_sees_an_accelerator_is_not_claimed_without_nvidia_smi(tmp_path, api):
+    # verl's nvidia check needs the nvidia-smi binary (PATH or /usr/bin, /usr/local/bin, /usr/local/cuda/bin):
+    # without it, a CUDA container must fall back to nvidia as with verl alone, not to the cpu platform.
+    for path in ("/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi", "/usr/local/cuda/bin/nvidia-smi"):
+        if os.path.exists(path):
+            pytest.skip(f"{path} exists on this host")
+    fake = {
+        "cuda": "torch.cuda.is_available = lambda: True",
+        "accelerator": "torch.accelerator.current_accelerator = lambda check_available=False: torch.device('xpu')",
+    }[api]
+    code = textwrap.dedent(
+        f"""
+        import torch
+        {fake}
+        import verl  # loads the plugin
+        from verl.plugin.platform import PlatformRegistry
+        from verl.plugin.platform.platform_manager import _detect_platform_name
+        from capo_verl.compat.cpu import torch_accelerator
+        print(torch_accelerator(), PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True),
+              _detect_platform_name())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    env["PATH"] = str(tmp_path)  # no nvidia-smi
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    name = {"cuda": "cuda", "accelerator": "xpu"}[api]
+    assert out.stdout.split() == [name, "False", "nvidia"]
+
+
+@needs_no_accelerator
+def test_torch_sees_no_accelerator_here_and_the_cpu_platform_claims_the_host():
+    from verl.plugin.platform import PlatformRegistry
+
+    from capo_verl.compat.cpu import torch_accelerator
+
+    assert torch_accelerator() is None
+    assert PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True)

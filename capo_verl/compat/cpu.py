@@ -6,8 +6,10 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
 
 1. registers a ``cpu`` platform (:class:`PlatformCPU`) with verl's public ``PlatformRegistry``. verl's
    auto-detection tries the registered platforms in order, so the built-in accelerators always win; ``cpu``
-   is picked only when none of them is available (or when ``VERL_PLATFORM=cpu`` asks for it). On a machine
-   with a GPU nothing changes.
+   is picked only when none of them is available *and* torch sees no accelerator (:func:`torch_accelerator`:
+   ``torch.cuda``, ``torch.accelerator``, ``torch.xpu``, ``torch.npu``), or when ``VERL_PLATFORM=cpu`` asks for
+   it. verl's ``nvidia`` check answers False when the ``nvidia-smi`` binary is missing, even with a working CUDA;
+   such a host is not claimed, and verl falls back to ``nvidia`` as it does without capo-verl.
 2. applies small patches to verl functions that hard-code accelerator assumptions a platform object
    cannot express. Each one is a pass-through unless the resolved platform is ``cpu``:
 
@@ -61,6 +63,37 @@ def is_cpu_platform() -> bool:
     from verl.plugin.platform import get_platform
 
     return get_platform().device_name == "cpu"
+
+
+def torch_accelerator() -> str | None:
+    """The name of an accelerator that torch can use in this process (``cuda``, ``xpu``, ...), or None.
+
+    Asks ``torch.cuda.is_available()``, then ``torch.accelerator.current_accelerator()`` (torch >= 2.6), then
+    ``torch.xpu`` and ``torch.npu`` (the latter exists once ``torch_npu`` is imported) where present. A check that
+    raises counts as "not available" for that API only.
+    """
+    checks = [("cuda", lambda: torch.cuda.is_available())]
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "current_accelerator"):
+
+        def current() -> bool:
+            device = accelerator.current_accelerator(check_available=True)
+            return device is not None and device.type != "cpu"
+
+        checks.append(("accelerator", current))
+    for name in ("xpu", "npu"):
+        module = getattr(torch, name, None)
+        if module is not None and hasattr(module, "is_available"):
+            checks.append((name, module.is_available))
+    for name, check in checks:
+        try:
+            if check():
+                if name == "accelerator":
+                    return accelerator.current_accelerator().type
+                return name
+        except Exception:
+            continue
+    return None
 
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -157,6 +190,12 @@ def _register_platform() -> None:
             return True
 
         def is_platform_available(self, use_smi_check: bool = False) -> bool:
+            # Never when torch can use an accelerator: verl's nvidia check needs the nvidia-smi binary, and a CUDA
+            # host without it must fall back to nvidia as in verl, not to this platform.
+            accelerator = torch_accelerator()
+            if accelerator is not None:
+                logger.info("torch sees a %s accelerator: the cpu platform does not claim this host", accelerator)
+                return False
             # Only when no other registered platform (nvidia, npu, rocm, a plugin's) claims this host,
             # whatever the registration order.
             for name in PlatformRegistry.registered_names():
