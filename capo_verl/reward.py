@@ -54,7 +54,17 @@ from typing import Any
 
 logger = logging.getLogger("capo_verl.reward")
 
-__all__ = ["compute_score", "extract_answer", "last_boxed", "normalize_answer", "grade", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "PROCS_ENV",
+    "check_timeout",
+    "compute_score",
+    "extract_answer",
+    "grade",
+    "last_boxed",
+    "normalize_answer",
+    "reward_procs",
+]
 
 #: Seconds one call may wait for math-verify's verdict (parse + verify) before the response scores 0.0.
 DEFAULT_TIMEOUT_S = 10.0
@@ -291,18 +301,41 @@ _pool_lock = threading.Lock()
 _n_timeouts = 0
 
 
+#: Environment variable: the most math-verify worker processes per process that scores.
+PROCS_ENV = "CAPO_REWARD_PROCS"
+
+
+def reward_procs(environ: Mapping[str, str] | None = None) -> int:
+    """The math-verify pool size: :data:`PROCS_ENV` (``CAPO_REWARD_PROCS``), or ``min(4, cpu_count)`` when unset
+    or empty. The pool reads it at the first call that needs math-verify; verl's ``validate_config`` (through
+    :func:`capo_verl.compat.methods.check_method_configs`) reads it before the run starts.
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+
+    Raises:
+        ValueError: the value is not an integer >= 1; the message names the variable, the value and the range.
+    """
+    raw = (os.environ if environ is None else environ).get(PROCS_ENV, "")
+    if not raw.strip():
+        return min(4, os.cpu_count() or 1)
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(
+            f"{PROCS_ENV}={raw!r}: must be an integer >= 1 (math-verify worker processes per scoring process); "
+            f"unset it for min(4, cpu_count)"
+        )
+    return size
+
+
 def _get_pool() -> _Pool:
     global _pool
     with _pool_lock:
         if _pool is None or _pool._pid != os.getpid():  # a forked child must not share its parent's pipes
-            raw = os.environ.get("CAPO_REWARD_PROCS", "")
-            try:
-                size = int(raw) if raw else min(4, os.cpu_count() or 1)
-            except ValueError:
-                raise ValueError(f"CAPO_REWARD_PROCS must be a positive integer, got {raw!r}") from None
-            if size < 1:
-                raise ValueError(f"CAPO_REWARD_PROCS must be a positive integer, got {raw!r}")
-            _pool = _Pool(size)
+            _pool = _Pool(reward_procs())
         return _pool
 
 
@@ -312,13 +345,21 @@ def _close_pool() -> None:
         _pool.close()
 
 
-def _check_timeout(timeout_s: Any) -> None:
-    """Refuse a ``timeout_s`` that would score every answer needing math-verify 0.0 (or never time out)."""
+def check_timeout(timeout_s: Any) -> None:
+    """Refuse a ``timeout_s`` that would score every answer needing math-verify 0.0 (or never time out).
+
+    Called by :func:`compute_score` and :func:`grade` on every call, and by verl's ``validate_config`` (through
+    :func:`capo_verl.compat.methods.check_method_configs`) on ``reward.custom_reward_function.reward_kwargs.timeout_s``
+    before the run starts.
+
+    Raises:
+        ValueError: ``timeout_s`` is not a finite real number > 0 (a bool, a string, 0, -1, inf, nan).
+    """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
         raise ValueError(
-            f"capo_verl.reward: timeout_s must be a finite number of seconds > 0 (0 or less would score every "
-            f"answer that needs math-verify 0.0), got {timeout_s!r}; set "
-            f"reward.custom_reward_function.reward_kwargs.timeout_s (default {DEFAULT_TIMEOUT_S:g})"
+            f"reward.custom_reward_function.reward_kwargs.timeout_s={timeout_s!r}: must be a finite number of "
+            f"seconds > 0 (0 or less would score every answer that needs math-verify 0.0); default "
+            f"{DEFAULT_TIMEOUT_S:g}"
         )
 
 
@@ -339,7 +380,7 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
         RuntimeError: a math-verify worker process does not start (math-verify is not importable).
     """
     global _n_timeouts
-    _check_timeout(timeout_s)
+    check_timeout(timeout_s)
     gold_n = normalize_answer(gold)
     if answer is not None:
         answer_n = normalize_answer(answer)
@@ -403,7 +444,7 @@ def compute_score(
             ``capo-verl prepare-data``, which writes one string per problem).
         RuntimeError: a math-verify worker process does not start (math-verify is not importable).
     """
-    _check_timeout(timeout_s)
+    check_timeout(timeout_s)
     if ground_truth is None:
         raise ValueError(
             f"capo_verl.reward.compute_score: reward_model.ground_truth is missing (None) for "

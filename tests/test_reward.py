@@ -4,6 +4,7 @@ the forms graders usually get wrong, thread safety and the time bound on a patho
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -207,15 +208,30 @@ def test_bad_timeout_is_refused_on_every_call(timeout_s):
     """timeout_s <= 0 used to be accepted and then scored every answer needing math-verify 0.0 (0.5 vs 1/2 here);
     it is refused on every call, also for an answer that equals the gold as a string."""
     message = (
-        r"capo_verl.reward: timeout_s must be a finite number of seconds > 0 \(0 or less would score every "
-        r"answer that needs math-verify 0.0\), got .*; set "
-        r"reward.custom_reward_function.reward_kwargs.timeout_s \(default 10\)"
+        r"^reward.custom_reward_function.reward_kwargs.timeout_s=.*: must be a finite number of seconds > 0 "
+        r"\(0 or less would score every answer that needs math-verify 0.0\); default 10$"
     )
     for response, gold in (("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{3}", "3")):
         with pytest.raises(ValueError, match=message):
             compute_score("x", response, gold, timeout_s=timeout_s)
-    with pytest.raises(ValueError, match="timeout_s must be a finite number"):
+    with pytest.raises(ValueError, match=message):
         reward.grade("3", "3", "", timeout_s=timeout_s)
+    with pytest.raises(ValueError, match=message):
+        reward.check_timeout(timeout_s)
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5", "inf"])
+def test_reward_procs_refuses_anything_but_a_positive_integer(raw):
+    """CAPO_REWARD_PROCS: one line naming the variable, the value and the range (the pool and the start check
+    both read it through reward_procs)."""
+    with pytest.raises(ValueError, match=rf"^CAPO_REWARD_PROCS='{raw}': must be an integer >= 1 .*; unset it"):
+        reward.reward_procs({"CAPO_REWARD_PROCS": raw})
+
+
+def test_reward_procs_default_and_value():
+    assert reward.reward_procs({}) == min(4, os.cpu_count() or 1)
+    assert reward.reward_procs({"CAPO_REWARD_PROCS": ""}) == min(4, os.cpu_count() or 1)
+    assert reward.reward_procs({"CAPO_REWARD_PROCS": " 3 "}) == 3
 
 
 # --- threads and time bound -----------------------------------------------------------------------------
