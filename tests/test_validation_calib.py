@@ -267,5 +267,8 @@ def test_val_calib_mode():
         assert validation.is_capo_verl_estimator(estimator)
     for estimator in ("grpo", "gae", "rloo", "reinforce_plus_plus", "opo", "gpg"):
         assert not validation.is_capo_verl_estimator(estimator)
-    with pytest.raises(ValueError, match="trainer.val_calib must be true, false, auto or null"):
-        mode(_trainer("yes").config)
+    for bad in ("yes", "maybe", 1, 0.5):
+        with pytest.raises(ValueError, match=rf"^trainer.val_calib={bad!r}: must be true, false, auto or null "):
+            mode(_trainer(bad).config)
+        with pytest.raises(ValueError, match=rf"^trainer.val_calib={bad!r}: must be true, false, auto or null "):
+            validation.parse_val_calib(bad)

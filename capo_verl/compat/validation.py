@@ -173,6 +173,28 @@ def is_capo_verl_estimator(name) -> bool:
     return fn is not None and hasattr(fn, "batch_keys")
 
 
+def parse_val_calib(value) -> bool | None:
+    """``trainer.val_calib`` as True (required), False (off) or None (auto).
+
+    :func:`val_calib_mode` (at the first validation pass) and verl's ``validate_config`` (through
+    :func:`capo_verl.compat.methods.check_method_configs`, before the run starts) both parse it here.
+
+    Args:
+        value: the key's value: True, False, None or the string ``auto`` (any case).
+
+    Raises:
+        ValueError: anything else (``maybe``, 1, ...); the message names the key, the value and the allowed values.
+    """
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    raise ValueError(
+        f"trainer.val_calib={value!r}: must be true, false, auto or null (null = auto); "
+        "+trainer.val_calib=... if your config lacks the key"
+    )
+
+
 def val_calib_mode(config) -> tuple[str, str]:
     """How the ``val-calib/...`` metrics run for a trainer config: ``(mode, reason)``.
 
@@ -188,13 +210,11 @@ def val_calib_mode(config) -> tuple[str, str]:
         ValueError: ``trainer.val_calib`` is something else (a string other than ``auto``, a number, ...).
     """
     trainer_cfg = (config.get("trainer", None) if config is not None else None) or {}
-    value = trainer_cfg.get("val_calib", None)
+    value = parse_val_calib(trainer_cfg.get("val_calib", None))
     if value is False:
         return OFF, "trainer.val_calib=false"
     if value is True:
         return REQUIRED, "trainer.val_calib=true"
-    if value is not None and not (isinstance(value, str) and value.lower() == "auto"):
-        raise ValueError(f"trainer.val_calib must be true, false, auto or null (auto), got {value!r}")
     algorithm = (config.get("algorithm", None) if config is not None else None) or {}
     estimator = algorithm.get("adv_estimator", None)
     if estimator is not None and is_capo_verl_estimator(estimator):
