@@ -4,6 +4,13 @@ Importing this package, or its pure modules (:mod:`capo_verl.estimators`, :mod:`
 :mod:`capo_verl.losses.simko`, :mod:`capo_verl.reward`, :mod:`capo_verl.evaluation.score`), imports neither verl nor
 Ray. verl finds capo-verl by itself: ``import verl`` loads the ``verl.plugins`` entry point
 (:mod:`capo_verl.plugin`), which installs :mod:`capo_verl.compat` and registers the estimators.
+
+Importing it also gives the ``capo_verl`` logger its console handler (:mod:`capo_verl.logs`), so that capo-verl's
+warnings are shown in every process of a Ray run, also where vLLM has set the root logger to ERROR.
 """
 
+from capo_verl import logs as _logs
+
 __version__ = "0.1.0"
+
+_logs.install()

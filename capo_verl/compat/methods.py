@@ -16,6 +16,13 @@
      step to the advantage step, so the schedule would fail at the first update (after rollouts);
    - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
      (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
+   - values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
+     calls, so that the two cannot disagree: ``trainer.val_calib`` (first validation pass;
+     :func:`capo_verl.compat.validation.parse_val_calib`), ``reward.custom_reward_function.reward_kwargs.timeout_s``
+     when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`), the environment
+     variables ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`) and
+     ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` (first weight sync; :func:`capo_verl.compat.vllm_cpu.sync_timeout_s`).
+     The launcher's environment is what Ray hands to its workers, so checking it there checks theirs.
 
    Every refusal is a ValueError naming the key and the fix. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
    trainer whatever ``trainer.use_v1`` says; the check cannot see that.
@@ -30,7 +37,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from capo_verl import reward as capo_reward
 from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
 from capo_verl.estimators.cde import CdeConfig, compute_cde_outcome_advantage
 from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
@@ -39,12 +48,15 @@ from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 from . import after_import, check_signature
 from .advantage import register_batch_aware_adv_est
 from .simko import check_simko_setup
+from .validation import parse_val_calib
+from .vllm_cpu import sync_timeout_s
 
 __all__ = [
     "ESTIMATORS",
     "SECTIONS",
     "EstimatorSpec",
     "check_method_configs",
+    "check_start_values",
     "hook_validate_config",
     "register_estimators",
 ]
@@ -110,6 +122,41 @@ def _get(node, key: str):
     return node.get(key, None) if node is not None and hasattr(node, "get") else None
 
 
+def is_capo_reward(custom_reward_function) -> bool:
+    """True if ``reward.custom_reward_function`` names capo-verl's reward (:func:`capo_verl.reward.compute_score`):
+    ``path`` is ``pkg://capo_verl.reward`` or the file of that module, and ``name`` is ``compute_score`` (or unset,
+    verl's default)."""
+    path = _get(custom_reward_function, "path")
+    name = _get(custom_reward_function, "name")
+    if not isinstance(path, str) or name not in (None, "compute_score"):
+        return False
+    if path.startswith("pkg://"):
+        return path[len("pkg://") :] == capo_reward.__name__
+    return Path(path).expanduser().resolve() == Path(capo_reward.__file__).resolve()
+
+
+def check_start_values(config) -> None:
+    """Check, before the run starts, the values that the run itself reads only later (module docstring, point 2).
+
+    Args:
+        config: the composed trainer config (OmegaConf ``DictConfig``); the environment is ``os.environ``.
+
+    Raises:
+        ValueError: ``trainer.val_calib`` is not true/false/auto/null, capo-verl's reward has a ``timeout_s`` that
+            is not a finite number > 0, ``CAPO_REWARD_PROCS`` is not an integer >= 1, or
+            ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` is not a number of seconds > 0; one line naming the key or
+            variable, the value and the allowed range.
+    """
+    parse_val_calib(_get(_get(config, "trainer"), "val_calib"))
+    custom = _get(_get(config, "reward"), "custom_reward_function")
+    if is_capo_reward(custom):
+        kwargs = _get(custom, "reward_kwargs")
+        if kwargs is not None and "timeout_s" in kwargs:
+            capo_reward.check_timeout(kwargs["timeout_s"])
+    capo_reward.reward_procs()
+    sync_timeout_s()
+
+
 def check_method_configs(config) -> None:
     """Check every capo-verl method's keys in a full trainer config (see the module docstring for what).
 
@@ -118,7 +165,8 @@ def check_method_configs(config) -> None:
 
     Raises:
         ValueError: an invalid ``algorithm.capo|codapo|cde.*`` key or value, a CDE step schedule on the legacy
-            trainer, or a SimKO setup that cannot run; the message names the key and the fix.
+            trainer, a SimKO setup that cannot run, or a value :func:`check_start_values` refuses; the message names
+            the key and the fix.
     """
     algorithm = _get(config, "algorithm")
     name = _get(algorithm, "adv_estimator")
@@ -139,6 +187,7 @@ def check_method_configs(config) -> None:
         )
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)
+    check_start_values(config)
 
 
 def _patch_validate_config(config_utils) -> None:
