@@ -2,6 +2,11 @@
 ``#anchor`` into a markdown file names one of its headings (GitHub's slug rules). External links (``http:``,
 ``https:``, ``mailto:``, any ``scheme:``) are not checked.
 
+The docs' citations are checked too (:func:`check_citations`, over the whole text, code included): every
+``tests/<file>.py::name`` names a file that defines that test function or class (``::Class::method`` a method of
+it); a ``::name`` without a file refers to the last ``tests/...py`` before it in the same table cell (or line,
+outside tables); every ``tests/...`` and ``benchmarks/results/...`` path exists.
+
 What counts as a link: inline links and images ``[text](target "title")`` / ``![alt](target)``, reference
 definitions ``[id]: target``, and ``href="..."`` / ``src="..."`` of HTML tags. Fenced code blocks and inline code
 spans are skipped.
@@ -9,6 +14,7 @@ spans are skipped.
 
 from __future__ import annotations
 
+import ast
 import re
 import unicodedata
 from pathlib import Path
@@ -169,12 +175,117 @@ def check_file(path: Path, root: Path = REPO) -> list[str]:
     return errors
 
 
+# ------------------------------------------------------------------------------------------- cited tests and files
+# a path to a Python file, optionally followed by ::names (any file: only tests/ files are checked, another one
+# ends the cell's current file); a bare ::name; a tests/ or benchmarks/results/ path of any kind.
+_PY_REF = re.compile(r"(?<![\w./-])([\w./-]+\.py)((?:::\w+)*)")
+_BARE_REF = re.compile(r"(?<![\w.\]])::(\w+(?:::\w+)*)")
+_PATH_REF = re.compile(r"(?<![\w./-])((?:tests|benchmarks/results)/[\w./*-]*)")
+
+
+def _defined_names(path: Path) -> set[str]:
+    """Top-level functions and classes of a Python file, and ``Class::method`` for the methods of its classes."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names.update(
+                f"{node.name}::{item.name}"
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            )
+    return names
+
+
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells (a row starts with ``|``), or the whole line."""
+    return line.strip().strip("|").split("|") if line.lstrip().startswith("|") else [line]
+
+
+def check_citations(path: Path, root: Path = REPO) -> list[str]:
+    """Cited tests and result files of one markdown file that do not exist, as ``"file:line: citation: reason"``."""
+    errors: list[str] = []
+    rel = path.relative_to(root)
+    names_of: dict[Path, set[str]] = {}
+
+    def check_test(number: int, file: str, name: str) -> None:
+        target = root / file
+        if not target.is_file():
+            return  # reported by the path check
+        if target not in names_of:
+            names_of[target] = _defined_names(target)
+        if name not in names_of[target]:
+            errors.append(f"{rel}:{number}: {file}::{name}: {file} defines no test function or class {name!r}")
+
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for m in _PATH_REF.finditer(line):
+            cited = m.group(1).rstrip(".")
+            found = any(root.glob(cited.rstrip("/"))) if "*" in cited else (root / cited).exists()
+            if not found:
+                errors.append(f"{rel}:{number}: {cited}: no such file or folder")
+        for cell in _cells(line):
+            refs = sorted(
+                [(m.start(), m.group(1), m.group(2)) for m in _PY_REF.finditer(cell)]
+                + [(m.start(), None, "::" + m.group(1)) for m in _BARE_REF.finditer(cell)]
+            )
+            current = None  # the tests/ file that a bare ::name refers to
+            for _, file, names in refs:
+                if file is not None:
+                    current = file if file.startswith("tests/") and "*" not in file else None
+                    if current is None or not names:
+                        continue
+                elif current is None:
+                    errors.append(f"{rel}:{number}: {names}: no tests/...py before it in its table cell or line")
+                    continue
+                check_test(number, current, names[2:])
+    return errors
+
+
 # --------------------------------------------------------------------------------------------------------- tests
 def test_every_relative_link_and_anchor_in_the_docs_resolves():
     files = doc_files()
     assert REPO / "README.md" in files and REPO / "docs" / "README.md" in files, files
     errors = [e for f in files for e in check_file(f)]
     assert not errors, "broken links:\n" + "\n".join(errors)
+
+
+def test_every_cited_test_and_result_file_exists():
+    errors = [e for f in doc_files() for e in check_citations(f)]
+    assert not errors, "citations of tests or results that do not exist:\n" + "\n".join(errors)
+
+
+def test_the_citation_checker_finds_missing_tests_and_files(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "def test_one():\n    pass\n\n\nclass TestGroup:\n    def test_inner(self):\n        pass\n"
+    )
+    (tmp_path / "benchmarks" / "results" / "run_1").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "run_1" / "out.txt").write_text("1\n")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text(
+        "| patch | test |\n|---|---|\n"
+        "| `verl/x.py::f` | `tests/test_a.py::test_one`, `::TestGroup::test_inner`, `::test_gone` |\n"
+        "| `verl/y.py::g` | `::test_orphan` |\n"
+        "See `tests/test_a.py::TestGroup` and `tests/test_b.py::test_one`,"
+        " `other/code.py::thing`, `::after_other_code`.\n"
+        "Results: `benchmarks/results/run_1/out.txt`, benchmarks/results/run_1/. Missing:"
+        " `benchmarks/results/run_2/out.txt`, `tests/data/none.json`; globs: `tests/test_*.py`, `tests/test_z*.py`.\n"
+    )
+    errors = check_citations(page, tmp_path)
+    cited = sorted(e.split(": ")[1] for e in errors)
+    assert cited == sorted(
+        [
+            "tests/test_a.py::test_gone",
+            "::test_orphan",
+            "tests/test_b.py",
+            "::after_other_code",
+            "benchmarks/results/run_2/out.txt",
+            "tests/data/none.json",
+            "tests/test_z*.py",
+        ]
+    ), errors
 
 
 def test_the_checker_finds_broken_links_and_anchors(tmp_path):
