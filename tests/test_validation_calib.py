@@ -9,8 +9,8 @@ AUC-mean is checked against its dumped responses, is in tests/test_e2e_capo.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -185,16 +185,21 @@ def _without_lpm(trainer_cls):
 
 
 @pytest.fixture
-def fresh_warning(monkeypatch):
-    """A process that has not warned yet; every warning recorded (no filter drops a repeat)."""
+def fresh_warning(monkeypatch, caplog):
+    """A process that has not warned yet; every capo_verl log record captured."""
     monkeypatch.setattr(validation, "_warned_skipped", False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield caught
+    caplog.set_level(logging.WARNING, logger="capo_verl")
+    return caplog
 
 
-def _skip_warnings(caught):
-    return [str(w.message) for w in caught if issubclass(w.category, validation.ValCalibSkippedWarning)]
+def _skip_warnings(caplog):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "capo_verl"
+        and r.levelno == logging.WARNING
+        and "val-calib/* calibration metrics" in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("trainer_cls", ["v1", "legacy"])

@@ -28,7 +28,7 @@ chosen by ``trainer.val_calib`` (:func:`val_calib_mode`):
 - absent, ``null`` or ``auto`` (the default; verl's own configs lack the key): the metrics are added when the
   responses carry ``lpm``. When none does (``actor_rollout_ref.rollout.calculate_log_probs=false``, or a
   colocated reward model that scores outside the agent loop) they are skipped with one
-  :class:`ValCalibSkippedWarning` per process, i.e. per run, and the run goes on as without capo-verl. The same
+  warning (``capo_verl`` logger) per process, i.e. per run, and the run goes on as without capo-verl. The same
   holds for any error computing them. If ``algorithm.adv_estimator`` is one of capo-verl's estimators (capo,
   grpo_mask, codapo, cde: those registered with :func:`capo_verl.compat.advantage.register_batch_aware_adv_est`),
   auto means required.
@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -235,35 +234,26 @@ def _missing_lpm_message(reason: str | None) -> str:
     )
 
 
-class ValCalibSkippedWarning(UserWarning):
-    """The ``val-calib/...`` metrics were skipped in auto mode (see :func:`calibration_metrics_for`)."""
-
-
 def _warn_skipped_once(why: str) -> None:
-    """Issue :class:`ValCalibSkippedWarning` once per process.
-
-    A Python warning rather than a ``logging`` record: in verl's TaskRunner, where the trainer runs, importing
-    vLLM's server imports ``model_hosting_container_standards``, which sets the root logger and its handlers to
-    ERROR, so a ``capo_verl`` logger warning would never be shown there.
-    """
+    """Log the "val-calib skipped" warning once per process (on the ``capo_verl`` logger, whose console handler,
+    :mod:`capo_verl.logs`, prints it also in verl's TaskRunner, where vLLM's import sets the root logger to ERROR)."""
     global _warned_skipped
     if _warned_skipped:
         return
     _warned_skipped = True
-    warnings.warn(
-        f"capo-verl: val-calib/* calibration metrics skipped for this run: {why}. verl's own validation metrics "
+    logger.warning(
+        "capo-verl: val-calib/* calibration metrics skipped for this run: %s. verl's own validation metrics "
         "are unaffected. To compute them, set actor_rollout_ref.rollout.calculate_log_probs=true and score in the "
         "agent loop (no colocated reward model). trainer.val_calib=false silences this, trainer.val_calib=true "
         "makes it an error (on the command line: ++trainer.val_calib=...). (Warned once per run.)",
-        ValCalibSkippedWarning,
-        stacklevel=2,
+        why,
     )
 
 
 def calibration_metrics_for(trainer, data_sources, sample_uids, reward_extra_infos_dict) -> dict[str, float]:
     """The ``val-calib/...`` metrics that ``trainer``'s config asks for (:func:`val_calib_mode`).
 
-    OFF: ``{}``. AUTO: :func:`validation_calibration_metrics`, or ``{}`` and one :class:`ValCalibSkippedWarning`
+    OFF: ``{}``. AUTO: :func:`validation_calibration_metrics`, or ``{}`` and one logged warning
     per process when no response has ``lpm`` or computing them fails. REQUIRED:
     :func:`validation_calibration_metrics`.
 
