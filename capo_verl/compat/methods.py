@@ -19,7 +19,8 @@
    - values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
      calls, so that the two cannot disagree: ``trainer.val_calib`` (first validation pass;
      :func:`capo_verl.compat.validation.parse_val_calib`), ``reward.custom_reward_function.reward_kwargs.timeout_s``
-     when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`), the environment
+     when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`; any other
+     ``reward_kwargs`` key, which ``compute_score`` would ignore, is refused), the environment
      variables ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`) and
      ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` (first weight sync; :func:`capo_verl.compat.vllm_cpu.sync_timeout_s`).
      The launcher's environment is what Ray hands to its workers, so checking it there checks theirs.
@@ -142,15 +143,22 @@ def check_start_values(config) -> None:
         config: the composed trainer config (OmegaConf ``DictConfig``); the environment is ``os.environ``.
 
     Raises:
-        ValueError: ``trainer.val_calib`` is not true/false/auto/null, capo-verl's reward has a ``timeout_s`` that
-            is not a finite number > 0, ``CAPO_REWARD_PROCS`` is not an integer >= 1, or
-            ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` is not a number of seconds > 0; one line naming the key or
-            variable, the value and the allowed range.
+        ValueError: ``trainer.val_calib`` is not true/false/auto/null; capo-verl's reward has a ``timeout_s``
+            that is not a finite number > 0, or a ``reward_kwargs`` key other than ``timeout_s``;
+            ``CAPO_REWARD_PROCS`` is not an integer >= 1; ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` is out of
+            :func:`~capo_verl.compat.vllm_cpu.sync_timeout_s`'s range. One line naming the key or variable, the
+            value and the allowed range.
     """
     parse_val_calib(_get(_get(config, "trainer"), "val_calib"))
     custom = _get(_get(config, "reward"), "custom_reward_function")
     if is_capo_reward(custom):
         kwargs = _get(custom, "reward_kwargs")
+        for key in kwargs or ():
+            if key != "timeout_s":  # compute_score's **kwargs would take it and ignore it
+                raise ValueError(
+                    f"reward.custom_reward_function.reward_kwargs.{key}: capo_verl.reward.compute_score takes only "
+                    "timeout_s; remove this key (a misspelt timeout_s would be ignored)"
+                )
         if kwargs is not None and "timeout_s" in kwargs:
             capo_reward.check_timeout(kwargs["timeout_s"])
     capo_reward.reward_procs()
