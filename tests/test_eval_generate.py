@@ -365,3 +365,40 @@ def test_problem_loading(tmp_path):
         G.load_problems([path], limit=0)
     with pytest.raises(ValueError, match="k \\(samples per problem\\) must be >= 1"):
         G.SamplingSettings(k=0)
+
+
+@pytest.mark.slow
+def test_seeded_cpu_draws_run_the_plugins_sampler_in_this_process(engine, monkeypatch):
+    """The engine ``eval generate`` starts draws its seeded requests with capo-verl's sampler, as training does."""
+    from capo_verl.compat import vllm_cpu
+
+    if engine.device != "cpu":
+        pytest.skip("the plugin's sampler replaces vLLM's CPU sampler only")
+    calls = []
+    original = vllm_cpu.exponential_noise
+
+    def spy(keys, vocab_size, *args):
+        calls.append(keys.numel())
+        return original(keys, vocab_size, *args)
+
+    monkeypatch.setattr(vllm_cpu, "exponential_noise", spy)
+    row = {"data_source": "t", "prompt": "What is 2 + 3?", "reward_model": {"ground_truth": "5"}}
+    problems = G.problems_from_rows([row])
+    settings = G.SamplingSettings(k=3, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
+    samples = engine.sample_many(problems, settings, [G.question_seed(0, p) for p in problems])
+    tokens = sum(len(s.token_ids) for s in samples[0])
+    assert calls and sum(calls) == tokens  # one key per request and decoded token, all through the plugin's draw
+
+
+def test_cpu_backend_refuses_what_would_bypass_or_break_the_seeded_sampler(monkeypatch):
+    if G.vllm_device("auto") != "cpu":
+        pytest.skip("CPU only")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(RuntimeError, match=r"VLLM_ENABLE_V1_MULTIPROCESSING='1': .*unset it or export 0"):
+        G.load_cpu_sampler()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    G.load_cpu_sampler()  # the plugin's forward_cpu is vLLM's sampler now
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: .*use tensor_parallel_size=1"):
+        G.VLLMBackend("smollm2", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="enable_chunked_prefill=True: .*leave it unset"):
+        G.VLLMBackend("smollm2", enable_chunked_prefill=True)

