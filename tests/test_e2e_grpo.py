@@ -7,7 +7,9 @@ never asked for them. What it covers that no other test does:
 
 - the run validates, trains and validates again with verl's ``val-core`` metrics; the validation responses carry
   no ``lpm``, so ``val-calib/...`` is skipped (``trainer.val_calib`` left at auto) with one warning for the whole
-  run (capo_verl/compat/validation.py), not an error;
+  run (capo_verl/compat/validation.py), not an error. That warning is a ``capo_verl`` log record emitted in verl's
+  TaskRunner, where vLLM's import sets the root logger to ERROR: it reaches the console through capo-verl's own
+  handler (capo_verl/logs.py), once; no capo-verl warning line is printed twice by one process;
 - no reference model and no KL term are added for GRPO;
 - the ``capo/*`` batch calibration metrics are logged for verl's own estimator from the actor's log-probs, without
   the mask metrics, which belong to CAPO.
@@ -15,7 +17,9 @@ never asked for them. What it covers that no other test does:
 
 from __future__ import annotations
 
+import collections
 import math
+import re
 
 import pytest
 
@@ -24,6 +28,9 @@ from capo_verl.models import GSM8K_CALC_SOURCE
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SKIPPED_WARNING = "capo-verl: val-calib/* calibration metrics skipped for this run"
+#: a capo_verl log line as capo_verl/logs.py prints it, after Ray's "(ActorName pid=N) " prefix if any
+CAPO_LOG_LINE = re.compile(r"^(\([^)]*pid=\d+[^)]*\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) capo_verl[\w.]*: ")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its "(ActorName pid=N)" prefix
 
 
 def test_grpo_without_rollout_log_probs_trains_and_validates_without_val_calib(run_verl, tmp_path):
@@ -45,6 +52,13 @@ def test_grpo_without_rollout_log_probs_trains_and_validates_without_val_calib(r
         assert not any(k.startswith("val-calib/") for k in steps[step]), sorted(steps[step])
     # two validation passes, one warning
     assert run.log.count(SKIPPED_WARNING) == 1, [ln for ln in run.log.splitlines() if "val-calib" in ln]
+    lines = [ANSI.sub("", ln) for ln in run.log.splitlines()]
+    (line,) = [ln for ln in lines if SKIPPED_WARNING in ln]
+    # emitted in verl's TaskRunner (TaskRunnerV1 for the v1 trainer), printed by capo-verl's handler
+    assert re.match(rf"^\(TaskRunner\w* pid=\d+\) WARNING capo_verl: {re.escape(SKIPPED_WARNING)}", line), line
+    capo_lines = [ln for ln in lines if (m := CAPO_LOG_LINE.match(ln)) and m.group(2) == "WARNING"]
+    repeated = [ln for ln, n in collections.Counter(capo_lines).items() if n > 1]
+    assert not repeated, repeated  # one process, one line: never printed by both the root logger and capo-verl's
 
     data = steps[1]
     assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
