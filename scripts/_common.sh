@@ -31,6 +31,10 @@ usage: $(basename "$0") [--dry-run] [HYDRA_OVERRIDE ...]
 
 Runs: python -m verl.trainer.main_ppo --config-path=${CAPO_CONFIG_DIR} --config-name=$1
   --dry-run        print the exact command and the resolved, validated config; start nothing
+
+The run is started under capo_verl.launch: Ctrl-C or SIGTERM stops all of its processes within ~30 s (a
+second Ctrl-C at once), keeps the checkpoints written, and removes its /dev/shm segments. Resume a stopped
+run from its last checkpoint with the override trainer.resume_mode=auto.
   HYDRA_OVERRIDE   passed through to verl, e.g. trainer.total_training_steps=10 trainer.logger=[console]
                    (CAPO configs also take ablation=<name>, see configs/ablation/)
 
@@ -59,6 +63,37 @@ _capo_python() {
         return 2
     fi
     echo "$python"
+}
+
+# _capo_print_config PYTHON CONFIG_DIR CONFIG_NAME [HYDRA_OVERRIDE ...]: print the config composed like
+# verl.trainer.main_ppo, after verl's validate_config (with capo-verl's checks); a refused value is one line on
+# stderr and status 2.
+_capo_print_config() {
+    local python="$1" config_dir="$2" config_name="$3"
+    shift 3
+    echo "# resolved config (composed like verl.trainer.main_ppo, checked with verl's validate_config):"
+    "$python" - "$config_dir" "$config_name" "$@" <<'PY'
+import sys
+
+import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat) like verl's launcher does
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+
+config_dir, config_name, *overrides = sys.argv[1:]
+try:
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+except (ValueError, RuntimeError, AssertionError, HydraException, OmegaConfBaseException) as exc:
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
+    sys.exit(2)
+print(OmegaConf.to_yaml(cfg, resolve=True))
+PY
 }
 
 # capo_launch CONFIG_NAME MODEL_PATH [--dry-run] [HYDRA_OVERRIDE ...]
@@ -124,26 +159,12 @@ capo_launch() {
         echo "# command (dry run: nothing started):"
         printf '%q ' "${cmd[@]}"
         echo
+        echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): ${python} -m capo_verl.launch -- <command>"
         if [ -n "${RAY_ADDRESS:-}" ]; then echo "# Ray: existing cluster at RAY_ADDRESS=${RAY_ADDRESS}"; fi
         for name in "${missing[@]}"; do
             echo "# warning: ${name} does not exist yet: run \`capo-verl prepare-data --out-dir ${data_dir}\`"
         done
-        echo "# resolved config (composed like verl.trainer.main_ppo, checked with verl's validate_config):"
-        "$python" - "${CAPO_CONFIG_DIR}" "${cmd[@]:4}" <<'PY'
-import sys
-
-import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat) like verl's launcher does
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import validate_config
-
-config_dir, name_arg, *overrides = sys.argv[1:]
-with initialize_config_dir(config_dir=config_dir, version_base=None):
-    cfg = compose(config_name=name_arg.split("=", 1)[1], overrides=overrides)
-validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-print(OmegaConf.to_yaml(cfg, resolve=True))
-PY
+        _capo_print_config "$python" "${CAPO_CONFIG_DIR}" "$config_name" "${cmd[@]:5}"
         return $?
     fi
 
@@ -154,5 +175,7 @@ PY
     fi
     export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
     echo "+ $(printf '%q ' "${cmd[@]}")"
-    "${cmd[@]}"
+    # capo_verl.launch: Ctrl-C / SIGTERM stop every process of the run (Ray's, vLLM's) within ~30 s, keep the
+    # checkpoints written, and remove the run's /dev/shm segments; a second Ctrl-C kills it at once
+    exec "$python" -m capo_verl.launch -- "${cmd[@]}"
 }

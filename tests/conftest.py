@@ -18,13 +18,17 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
+
+from capo_verl.compat.shm import RUN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,6 +87,8 @@ class VerlRun:
     steps: dict[int, dict]
     workdir: Path
     shm_left: list[str]
+    #: whether a segment that another program made during the run was still there after it (when one was made)
+    other_segment_kept: bool | None = None
 
     def tail(self, n: int = 6000) -> str:
         return self.log[-n:]
@@ -117,6 +123,44 @@ def merge_overrides(*groups) -> list[str]:
     return list(merged.values())
 
 
+#: a program that creates a SharedMemory segment nobody will unlink (as a killed vLLM process leaves its ring buffer),
+#: recorded in its run's ledger when it has one, as in a verl or vLLM process; prints its path
+LEAVE_SEGMENT = """
+from multiprocessing import resource_tracker, shared_memory
+from capo_verl.compat import shm
+shm.record_created()  # what capo-verl's plugin does in every verl / vLLM process
+segment = shared_memory.SharedMemory(create=True, size=4096)
+resource_tracker.unregister(segment._name, "shared_memory")  # else Python's tracker unlinks it at exit
+segment.close()
+print("/dev/shm/" + segment.name, flush=True)
+"""
+
+
+def leave_segment(run_ledger: str | None = None) -> str:
+    """Run :data:`LEAVE_SEGMENT` in a new process, in the run of ``run_ledger`` or outside any run (another
+    program's segment: Python's default ``psm_*`` name, same user); returns the segment's path."""
+    env = {k: v for k, v in os.environ.items() if k not in (RUN_ENV, "RAY_RAYLET_PID")}
+    if run_ledger:
+        env[RUN_ENV] = run_ledger
+    out = subprocess.run([sys.executable, "-c", LEAVE_SEGMENT], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def segments():
+    """``segments(run_ledger=None) -> path`` (:func:`leave_segment`); every segment made is unlinked at teardown."""
+    made: list[str] = []
+
+    def make(run_ledger: str | None = None) -> str:
+        made.append(leave_segment(run_ledger))
+        return made[-1]
+
+    yield make
+    for path in made:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def _shm_entries() -> set[str]:
     return {p for pattern in SHM_PATTERNS for p in glob.glob(os.path.join("/dev/shm", pattern))}
 
@@ -143,17 +187,70 @@ def read_steps(path: Path) -> dict[int, dict]:
     return steps
 
 
-@pytest.fixture(scope="session")
-def run_verl(e2e_inputs):
-    """``run_verl(workdir, overrides, env=None) -> VerlRun``: verl's trainer on the tiny model and the CPU profile.
+def new_shm_left(shm_before: set[str], t0: float) -> list[str]:
+    """``/dev/shm`` entries of :data:`SHM_PATTERNS` that appeared since ``shm_before`` (taken at ``t0``) and that no
+    live process maps: what a run left behind (another engineer's entries in use are not counted)."""
+    new = {}
+    for path in _shm_entries() - shm_before:
+        try:
+            st = os.stat(path)
+        except OSError:  # removed meanwhile
+            continue
+        if st.st_ctime >= t0 - 1.0:
+            new[path] = st.st_ino
+    mapped = _mapped_shm_inodes() if new else set()
+    return sorted(p for p, inode in new.items() if inode not in mapped)
 
-    Another engineer's run on the same machine may create and remove its own ``/dev/shm`` entries meanwhile; those
-    it still maps are not counted, nor are entries older than this run.
-    """
+
+@dataclass
+class VerlLaunch:
+    """A trainer launch that is not waited for: ``proc`` is capo_verl.launch in its own process group (as a
+    terminal's foreground job), its output in ``log_path``."""
+
+    proc: subprocess.Popen
+    workdir: Path
+    log_path: Path
+    metrics: Path
+    shm_before: set[str]
+    t0: float
+
+    def run_ledger(self) -> str:
+        """The run's ``/dev/shm`` ledger (capo_verl.compat.shm), from the environment of the trainer's driver."""
+        [driver] = psutil.Process(self.proc.pid).children()
+        return driver.environ()[RUN_ENV]
+
+    def finish(self, timeout: float = RUN_TIMEOUT_S) -> VerlRun:
+        """Wait for the launcher; past ``timeout`` s stop the run as Ctrl-C does (SIGKILL after 60 s more), then
+        raise ``subprocess.TimeoutExpired``."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            finally:
+                if self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+        print(f"{self.workdir.name}: exit {rc} in {time.time() - self.t0:.0f} s; log {self.log_path}")
+        return VerlRun(
+            rc=rc,
+            log=self.log_path.read_text(),
+            steps=read_steps(self.metrics),
+            workdir=self.workdir,
+            shm_left=new_shm_left(self.shm_before, self.t0),
+        )
+
+
+@pytest.fixture(scope="session")
+def start_verl(e2e_inputs):
+    """``start_verl(workdir, overrides, env=None) -> VerlLaunch``: verl's trainer on the tiny model and the CPU
+    profile, under capo_verl.launch (as the launch scripts run it), started and not waited for."""
 
     from capo_verl.compare.running import main_ppo_command
+    from capo_verl.launch import launch_command
 
-    def run(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None) -> VerlRun:
+    def start(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None):
         workdir.mkdir(parents=True, exist_ok=True)
         metrics = workdir / "metrics.jsonl"
         inputs = [
@@ -179,29 +276,30 @@ def run_verl(e2e_inputs):
         log_path = workdir / "console.log"
         t0 = time.time()
         with open(log_path, "w") as log:
-            proc = subprocess.run(
-                cmd,
+            proc = subprocess.Popen(
+                launch_command(cmd),
                 cwd=workdir,
                 env=full_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                timeout=RUN_TIMEOUT_S,
+                start_new_session=True,
             )
-        new = {}
-        for path in _shm_entries() - shm_before:
-            try:
-                st = os.stat(path)
-            except OSError:  # removed meanwhile
-                continue
-            if st.st_ctime >= t0 - 1.0:
-                new[path] = st.st_ino
-        mapped = _mapped_shm_inodes() if new else set()
-        shm_left = sorted(p for p, inode in new.items() if inode not in mapped)
-        print(f"{workdir.name}: exit {proc.returncode} in {time.time() - t0:.0f} s; log {log_path}")
-        return VerlRun(
-            rc=proc.returncode, log=log_path.read_text(), steps=read_steps(metrics), workdir=workdir, shm_left=shm_left
-        )
+        return VerlLaunch(proc, workdir, log_path, metrics, shm_before, t0)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def run_verl(start_verl):
+    """``run_verl(workdir, overrides, env=None) -> VerlRun``: :func:`start_verl`, waited for.
+
+    Another engineer's run on the same machine may create and remove its own ``/dev/shm`` entries meanwhile; those
+    it still maps are not counted, nor are entries older than this run.
+    """
+
+    def run(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None) -> VerlRun:
+        return start_verl(workdir, overrides, env).finish()
 
     return run
 
@@ -233,8 +331,27 @@ CAPO_OVERRIDES = (
 
 
 @pytest.fixture(scope="session")
-def capo_run(run_verl, tmp_path_factory) -> VerlRun:
+def capo_run(start_verl, tmp_path_factory) -> VerlRun:
     """CAPO for 2 steps with a validation pass at step 2, dumped to ``<workdir>/val_generations``, and a
-    checkpoint at step 2 in ``<workdir>/ckpt``: one trainer launch shared by the tests that read it."""
+    checkpoint at step 2 in ``<workdir>/ckpt``: one trainer launch shared by the tests that read it. Once vLLM's
+    engine has made its first segment, another program makes one (``other_segment_kept``: still there after)."""
     workdir = tmp_path_factory.mktemp("e2e") / "capo"
-    return run_verl(workdir, [*CAPO_OVERRIDES, f"trainer.validation_data_dir={workdir / 'val_generations'}"])
+    launch = start_verl(workdir, [*CAPO_OVERRIDES, f"trainer.validation_data_dir={workdir / 'val_generations'}"])
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    ledger = None
+    while launch.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            ledger = ledger or launch.run_ledger()
+        except (ValueError, KeyError, psutil.Error):  # the driver is not started yet
+            pass
+        if ledger and os.path.exists(ledger):
+            break
+        time.sleep(1.0)
+    other = leave_segment()
+    try:
+        run = launch.finish()
+        run.other_segment_kept = os.path.exists(other)
+    finally:
+        if os.path.exists(other):
+            os.unlink(other)
+    return run

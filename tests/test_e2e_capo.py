@@ -100,5 +100,8 @@ def test_validation_logs_val_calib_that_matches_the_dumped_responses(capo_run):
 
 
 def test_nothing_is_left_in_dev_shm(capo_run):
+    """The finished run removed what its processes made in /dev/shm, and not a segment that another program made
+    and closed while it ran (same user, Python's default psm_* name)."""
     capo_run.assert_ok()
     assert capo_run.shm_left == []
+    assert capo_run.other_segment_kept is True

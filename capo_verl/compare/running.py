@@ -14,6 +14,7 @@ from pathlib import Path
 
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import RUN_MARKER
+from capo_verl.launch import run_launched
 
 
 def train_env(metrics_path: Path) -> dict[str, str]:
@@ -95,7 +96,8 @@ def run_method(
     print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run(
+        # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
+        returncode = run_launched(
             cmd,
             cwd=run_dir,
             env=train_env(run_dir / "metrics.jsonl"),
@@ -104,11 +106,10 @@ def run_method(
             stdin=subprocess.DEVNULL,
         )
     wall = time.time() - t0
-    if proc.returncode != 0:
+    if returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise RuntimeError(
-            f"{method}: verl's trainer exited with {proc.returncode} after {wall:.0f} s; "
-            f"log {log_path}; last lines:\n{tail}"
+            f"{method}: verl's trainer exited with {returncode} after {wall:.0f} s; log {log_path}; last lines:\n{tail}"
         )
     record = {"method": method, "wall_s": wall, "command": shlex.join(cmd), "settings": settings}
     done.write_text(json.dumps(record, indent=1) + "\n")

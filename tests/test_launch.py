@@ -1,0 +1,134 @@
+"""capo_verl.launch against a stand-in run: signals stop all of its processes, and only its /dev/shm segments go.
+
+The stand-in does what a verl run does to the launcher: it makes a ``/dev/shm`` segment that nobody unlinks (a killed
+vLLM process's ring buffer), starts a process that leaves its session (as Ray's agents do), and, when asked, ignores
+SIGTERM. The real trainer is stopped and resumed in tests/test_stop_resume.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from capo_verl.compat import shm
+from capo_verl.launch import launch_command, run_processes
+
+STAND_IN = """
+import signal, subprocess, sys, time
+from multiprocessing import resource_tracker, shared_memory
+from capo_verl.compat import shm
+shm.record_created()
+segment = shared_memory.SharedMemory(create=True, size=4096)
+resource_tracker.unregister(segment._name, "shared_memory")
+segment.close()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+if "ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("/dev/shm/" + segment.name, child.pid, flush=True)
+if "exit" in sys.argv:
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ledger_of(pid: int) -> str:
+    """The run ledger a process inherited (from its environment)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return env[shm.RUN_ENV.encode()].decode()
+
+
+@pytest.fixture
+def start(tmp_path):
+    """``start(*stand_in_args, grace=5) -> (launcher Popen, segment path, orphan pid)``; killed at teardown."""
+    procs, paths = [], []
+
+    def run(*args, grace=5.0):
+        env = {k: v for k, v in os.environ.items() if k != shm.RUN_ENV}
+        cmd = launch_command([sys.executable, "-c", STAND_IN, *args], grace_s=grace)
+        # its own process group, as a terminal's foreground job: the test signals the group like Ctrl-C does
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+        )
+        procs.append(proc)
+        segment, orphan = proc.stdout.readline().split()
+        paths.append(segment)
+        return proc, segment, int(orphan)
+
+    yield run
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for path in paths:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+@pytest.mark.parametrize(("sig", "rc"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_every_process_of_the_run_and_removes_its_segments_only(start, segments, sig, rc):
+    proc, segment, orphan = start()
+    other = segments()  # made and closed by another program while the run runs
+    assert os.path.exists(segment) and _alive(orphan)
+    assert orphan in run_processes(_ledger_of(orphan))
+    t0 = time.monotonic()
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == rc, err
+    assert elapsed < 10, elapsed  # SIGTERM to the stand-in ends it; its orphan gets SIGTERM at once
+    assert not _alive(orphan)
+    assert not os.path.exists(segment)
+    assert os.path.exists(other)
+    assert f"{signal.Signals(sig).name}: stopping the run" in err
+    assert "trainer.resume_mode=auto" in err
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(start):
+    proc, segment, orphan = start("ignore-term", grace=2.0)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 130
+    assert 2.0 <= elapsed < 2.0 + 5.0 + 5.0, elapsed  # grace, then SIGTERM (ignored) and SIGKILL 5 s later
+    assert not _alive(orphan) and not os.path.exists(segment)
+
+
+def test_a_second_ctrl_c_kills_the_run_at_once(start):
+    proc, segment, orphan = start("ignore-term", grace=60.0)
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None  # still in its grace period
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert time.monotonic() - t0 < 5.0
+    assert not _alive(orphan) and not os.path.exists(segment)
+
+
+def test_after_a_normal_exit_the_runs_leftovers_go_and_its_status_is_kept(start):
+    proc, segment, orphan = start("exit")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3
+    assert not _alive(orphan) and not os.path.exists(segment)
+    assert "stopping" not in err
+
+
+def test_launch_needs_a_command():
+    out = subprocess.run([sys.executable, "-m", "capo_verl.launch", "--"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "no command" in out.stderr
