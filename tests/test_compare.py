@@ -157,3 +157,64 @@ def test_method_folders_compare_did_not_make_are_never_deleted(tmp_path):
     (user / "done.json").write_text(json.dumps({"method": "grpo", "wall_s": 1.0, "command": "..."}))
     with pytest.raises(UsageError, match="did not record its settings"):
         check_method_dir(user, settings, None)
+
+
+#: a stand-in for verl's trainer: trains steps (last checkpoint + 1)..total under resume_mode=auto, logging one metrics
+#: line per step (verl's file logger: truncated at start) and checkpointing after each; exits 1 after step
+#: $STAND_IN_STOP_AFTER, as a stopped or failed run
+STAND_IN_TRAINER = r"""
+import json, os, sys
+args = dict(a.lstrip("+").split("=", 1) for a in sys.argv[1:] if "=" in a)
+ckpt, total = args["trainer.default_local_dir"], int(args["trainer.total_training_steps"])
+os.makedirs(ckpt, exist_ok=True)
+tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
+start = int(open(tracker).read()) if args["trainer.resume_mode"] == "auto" and os.path.exists(tracker) else 0
+with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
+    for step in range(start + 1, total + 1):
+        f.write(json.dumps({"step": step, "data": {"start": start}}) + "\n")
+        with open(tracker, "w") as t:
+            t.write(str(step))
+        if step == int(os.environ.get("STAND_IN_STOP_AFTER", 0)):
+            sys.exit(1)
+"""
+
+
+def test_a_stopped_method_resumes_from_its_last_checkpoint_and_keeps_every_steps_metrics(tmp_path, monkeypatch):
+    import sys
+    from unittest import mock
+
+    from capo_verl.compare import running
+    from capo_verl.compare.report import read_metrics
+
+    real_train_command = running.train_command
+
+    def stand_in(method, config_name, config_dir, run_dir, overrides):
+        full = real_train_command(method, config_name, config_dir, run_dir, overrides)
+        return [sys.executable, "-c", STAND_IN_TRAINER, *(a for a in full if "=" in a and not a.startswith("--"))]
+
+    settings = {"config": "c", "method": "grpo"}
+    with mock.patch.object(running, "train_command", side_effect=stand_in):
+        monkeypatch.setenv("STAND_IN_STOP_AFTER", "2")
+        with pytest.raises(RuntimeError, match="grpo: verl's trainer exited with 1"):
+            run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings)
+        run = tmp_path / "grpo"
+        assert check_method_dir(run, settings, None) == "resume"
+        assert check_method_dir(run, {**settings, "method": "other"}, None) == "retrain"  # other settings
+        monkeypatch.delenv("STAND_IN_STOP_AFTER")
+        assert run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings) == run
+
+    steps = read_metrics(run / "metrics.jsonl")
+    assert {s: d["start"] for s, d in steps.items()} == {1: 0, 2: 0, 3: 2, 4: 2}  # no step lost, none trained twice
+    done = json.loads((run / "done.json").read_text())
+    assert [(a["start_step"], a["returncode"]) for a in done["attempts"]] == [(0, 1), (2, 0)]
+    assert done["wall_s"] == pytest.approx(sum(a["wall_s"] for a in done["attempts"]))
+    assert not (run / running.ATTEMPT_METRICS).exists()
+
+    # an unfinished run without a checkpoint is trained again from the start
+    shutil.rmtree(run)
+    monkeypatch.setenv("STAND_IN_STOP_AFTER", "1")
+    with mock.patch.object(running, "train_command", side_effect=stand_in):
+        with pytest.raises(RuntimeError):
+            run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings)
+    (run / "ckpt" / "latest_checkpointed_iteration.txt").unlink()
+    assert check_method_dir(run, settings, None) == "retrain"

@@ -218,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:
         print(f"capo-verl compare: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            "capo-verl compare: stopped. The same command goes on: finished methods are kept, a stopped one resumes "
+            "from its last checkpoint (trainer.save_freq sets how often one is written)",
+            file=sys.stderr,
+        )
+        return 130
     write_report(out, args.methods, n_boot=args.n_boot)
     print((out / "summary.md").read_text())
     return 0

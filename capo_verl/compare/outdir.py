@@ -5,7 +5,9 @@ never deletes a folder it did not make, and reuses a finished method only if it 
   method shares: config name, overrides, and the composed config. Every later run into the folder must have the
   same; so the folder (and its ``compare.json``) never mixes results of different settings.
 * ``<out>/<method>/.capo-verl-run.json`` (:data:`RUN_MARKER`) marks a method folder compare made, with the method's
-  settings. Only such a folder, unfinished (no ``done.json``), is deleted to train the method again.
+  settings. Such a folder, unfinished (no ``done.json``: the training was stopped or failed), resumes from its last
+  complete checkpoint when it has one and its recorded settings equal the new ones; otherwise it (and only such a
+  folder) is deleted and the method trained again.
 * ``<out>/<method>/done.json`` records the method's settings as well: a finished method is reused only if they
   equal the new ones; ``<out>/<method>/eval_done`` records the held-out evaluation's ``k``.
 """
@@ -63,7 +65,8 @@ def _read_json(path: Path) -> dict:
 
 def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
     """What compare may do with ``<out>/<method>``: ``"new"`` (absent: train), ``"done"`` (finished with these
-    settings: reuse), or ``"retrain"`` (an unfinished run compare made: delete and train again).
+    settings: reuse), ``"resume"`` (an unfinished run compare made with these settings, with a complete checkpoint:
+    go on from it), or ``"retrain"`` (another unfinished run compare made: delete and train again).
 
     ``eval_k``: the held-out evaluation's k this time (None: no evaluation); a recorded evaluation must match.
 
@@ -96,7 +99,20 @@ def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
             f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}); it is left "
             "as it is: move it away or use another --out"
         )
+    recorded = _read_json(run_dir / RUN_MARKER).get("settings")
+    if recorded is not None and not differences(recorded, settings) and last_checkpoint(run_dir) > 0:
+        return "resume"
     return "retrain"
+
+
+def last_checkpoint(run_dir: Path) -> int:
+    """The step of the run's last complete checkpoint (``<run>/ckpt/latest_checkpointed_iteration.txt``, which verl
+    writes after a checkpoint is complete), 0 when there is none."""
+    tracker = run_dir / "ckpt" / "latest_checkpointed_iteration.txt"
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def prepare_out(

@@ -50,7 +50,8 @@ def main_ppo_command(config_dir: Path, config_name: str, overrides: list[str]) -
 
 def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
     """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
-    paths, then ``overrides`` (shared by every method)."""
+    paths, then ``overrides`` (shared by every method). ``trainer.resume_mode=auto``: the run's checkpoint folder is
+    its own, so a first attempt starts from the model and a resumed one from the last complete checkpoint."""
     return main_ppo_command(
         config_dir,
         config_name,
@@ -61,8 +62,25 @@ def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path
             f"++trainer.default_local_dir={run_dir / 'ckpt'}",
             f"++trainer.validation_data_dir={run_dir / 'val_generations'}",
             *overrides,
+            "++trainer.resume_mode=auto",
         ],
     )
+
+
+#: one line per training attempt of a method: the step it started from, its wall time (s) and exit status
+ATTEMPTS = "attempts.jsonl"
+#: verl's file logger truncates its file at start: each attempt writes here, then is appended to metrics.jsonl
+ATTEMPT_METRICS = "metrics.attempt.jsonl"
+
+
+def _merge_attempt_metrics(run_dir: Path) -> None:
+    """Append the last attempt's metric lines to ``metrics.jsonl`` (a resumed attempt's lines for a step replace the
+    earlier ones when read: :func:`capo_verl.compare.report.read_metrics` merges lines per step, later last)."""
+    attempt = run_dir / ATTEMPT_METRICS
+    if attempt.exists():
+        with open(run_dir / "metrics.jsonl", "ab") as merged:
+            merged.write(attempt.read_bytes())
+        attempt.unlink()
 
 
 def run_method(
@@ -71,14 +89,19 @@ def run_method(
     """Train one method in ``<out>/<method>``; returns that folder.
 
     A folder with ``done.json`` is reused as it is (its settings are checked by
-    :func:`capo_verl.compare.outdir.check_method_dir` beforehand); an unfinished one that compare made (it holds
-    ``.capo-verl-run.json``) is deleted and trained again, so every method runs the same steps. ``settings`` are
-    recorded in ``.capo-verl-run.json`` and ``done.json``.
+    :func:`capo_verl.compare.outdir.check_method_dir` beforehand). An unfinished one that compare made (it holds
+    ``.capo-verl-run.json``; the training was stopped or failed) resumes from its last complete checkpoint when it
+    has one and was made with the same ``settings``; otherwise it is deleted and trained again. ``settings`` are
+    recorded in ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.launch`: Ctrl-C
+    stops it (checkpoints kept), and running compare again goes on from there.
 
     Raises:
         RuntimeError: the folder exists unfinished and compare did not make it (it is left untouched), or verl's
             trainer exited non-zero (the log's path and last lines are in the message).
+        KeyboardInterrupt: Ctrl-C, after the training has stopped.
     """
+    from capo_verl.compare.outdir import check_method_dir, last_checkpoint
+
     run_dir = out / method
     done = run_dir / "done.json"
     if done.exists():
@@ -87,31 +110,45 @@ def run_method(
     if run_dir.exists():
         if not (run_dir / RUN_MARKER).is_file():
             raise RuntimeError(f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}): not touched")
-        print(f"[compare] {method}: an unfinished run in {run_dir}: deleted, trained again", flush=True)
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    (run_dir / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}, indent=1) + "\n")
+        if check_method_dir(run_dir, settings, None) == "resume":
+            _merge_attempt_metrics(run_dir)
+            print(f"[compare] {method}: resuming from the checkpoint of step {last_checkpoint(run_dir)}", flush=True)
+        else:
+            print(f"[compare] {method}: an unfinished run without a checkpoint in {run_dir}: deleted, trained again")
+            shutil.rmtree(run_dir)
+    if not run_dir.exists():
+        run_dir.mkdir(parents=True)
+        (run_dir / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}, indent=1) + "\n")
     cmd = train_command(method, config_name, config_dir, run_dir, overrides)
+    start_step = last_checkpoint(run_dir)
     log_path = run_dir / "train.log"
     print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
     t0 = time.time()
-    with open(log_path, "w") as log:
-        # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
-        returncode = run_launched(
-            cmd,
-            cwd=run_dir,
-            env=train_env(run_dir / "metrics.jsonl"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    wall = time.time() - t0
+    try:
+        with open(log_path, "a") as log:
+            # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
+            returncode = run_launched(
+                cmd,
+                cwd=run_dir,
+                env=train_env(run_dir / ATTEMPT_METRICS),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+    finally:
+        _merge_attempt_metrics(run_dir)
+        wall = time.time() - t0
+        attempt = {"start_step": start_step, "wall_s": round(wall, 3), "returncode": locals().get("returncode")}
+        with open(run_dir / ATTEMPTS, "a") as f:
+            f.write(json.dumps(attempt) + "\n")
     if returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise RuntimeError(
             f"{method}: verl's trainer exited with {returncode} after {wall:.0f} s; log {log_path}; last lines:\n{tail}"
         )
-    record = {"method": method, "wall_s": wall, "command": shlex.join(cmd), "settings": settings}
+    attempts = [json.loads(line) for line in (run_dir / ATTEMPTS).read_text().splitlines()]
+    wall = sum(a["wall_s"] for a in attempts)
+    record = {"method": method, "wall_s": wall, "attempts": attempts, "command": shlex.join(cmd), "settings": settings}
     done.write_text(json.dumps(record, indent=1) + "\n")
     print(f"[compare] {method}: done in {wall / 60:.1f} min", flush=True)
     return run_dir
