@@ -145,7 +145,7 @@ def capo_step_metrics(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Evaluation metrics (paper section 5): mean@k, inference-time scaling by answer voting, precision-coverage.
+# Evaluation metrics (paper section 5): mean@k, pass@k, inference-time scaling by answer voting, precision-coverage.
 # Used by ``capo-verl eval score`` (capo_verl.evaluation.score). Same conventions as above: float64, numpy,
 # ragged groups allowed, one entry per response.
 # ---------------------------------------------------------------------------------------------------------
@@ -153,6 +153,9 @@ def capo_step_metrics(
 __all__ += [
     "ITS_METHODS",
     "mean_at_k",
+    "per_group_pass_at_k",
+    "pass_at_k",
+    "pass_at_k_curve",
     "its_credit",
     "its_accuracy",
     "precision_coverage_curve",
@@ -196,6 +199,117 @@ def mean_at_k(correct, group) -> tuple[float, int]:
     _, gid = np.unique(group, return_inverse=True)
     per_q = np.bincount(gid, weights=correct) / np.bincount(gid)
     return float(per_q.mean()), int(len(per_q))
+
+
+def _pass_at_k_of_counts(n: np.ndarray, c: np.ndarray, k: int) -> np.ndarray:
+    """Unbiased pass@k of each question from its ``n`` responses and ``c`` correct ones (int arrays, ``k <= n``).
+
+    ``1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i)``, each factor computed as ``(i - k) / i`` (one
+    rounding). Exactly 0 when ``c == 0`` (empty product) and exactly 1 when ``n - c < k`` (every k-subset holds a
+    correct response; the product then has the factor ``i = k``, which is 0). The ragged products over questions
+    are one ``np.multiply.reduceat`` over the ``sum(c)`` factors: O(sum c) time and memory.
+    """
+    out = np.zeros(len(n), dtype=np.float64)
+    out[n - c < k] = 1.0
+    rest = np.flatnonzero((c > 0) & (n - c >= k))
+    if rest.size:
+        cr, nr = c[rest], n[rest]
+        seg_start = np.cumsum(cr) - cr  # where each question's factors start in the flat array
+        i = np.arange(int(cr.sum()), dtype=np.int64) - np.repeat(seg_start, cr) + np.repeat(nr - cr + 1, cr)
+        factors = (i - k).astype(np.float64) / i
+        out[rest] = 1.0 - np.multiply.reduceat(factors, seg_start)
+    return out
+
+
+def _group_counts(fn: str, correct, group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(n, c, keys)``: responses and correct responses per question (int64), sorted unique question ids."""
+    correct = np.asarray(correct).reshape(-1).astype(bool)
+    group = np.asarray(group).reshape(-1)
+    _check_same_length(fn, correct=correct, group=group)
+    keys, gid = np.unique(group, return_inverse=True)
+    n = np.bincount(gid, minlength=len(keys)).astype(np.int64)
+    c = np.bincount(gid[correct], minlength=len(keys)).astype(np.int64)
+    return n, c, keys
+
+
+def _check_k(fn: str, k, n: np.ndarray, keys: np.ndarray, what: str = "k") -> int:
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"{fn}: {what} must be an integer >= 1, got {k!r}")
+    if len(n) and k > n.min():
+        q = int(np.argmin(n))
+        key = keys[q].item() if isinstance(keys[q], np.generic) else keys[q]
+        raise ValueError(
+            f"{fn}: {what} = {int(k)} exceeds the smallest number of responses per question, n = {int(n[q])} "
+            f"(question {key!r}); pass@k is defined for k <= n only"
+        )
+    return int(k)
+
+
+def per_group_pass_at_k(correct, group, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unbiased pass@k of each question: the probability that k responses drawn without replacement from its
+    n include a correct one, ``1 - C(n-c, k) / C(n, k)`` with c the correct responses among the n.
+
+    Args:
+        correct: ``(n,)`` bool (or 0/1) correctness per response.
+        group: ``(n,)`` question id per response (any hashable numpy can sort: ints, str); ragged allowed.
+        k: integer ``1 <= k <= `` the smallest number of responses of a question.
+
+    Returns:
+        ``(pass_k, keys)``: ``(n_questions,)`` float64 in [0, 1] and the sorted unique question ids in the same
+        order. 0 for a question without a correct response, 1 when ``n - c < k`` (so 1 when all are correct).
+
+    Raises:
+        ValueError: inputs of different lengths, ``k`` not an integer >= 1, or ``k`` larger than some question's
+            number of responses (the message names that smallest n and its question): there is no k-subset to
+            draw then, and this module does not extrapolate.
+
+    Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code" (arXiv:2107.03374), section 2.1,
+    Eq. 1, computed in float64 in their numerically stable product form ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``
+    (their Figure 3), vectorised over questions. For k = 1 it is ``c / n``.
+    """
+    n, c, keys = _group_counts("pass_at_k", correct, group)
+    k = _check_k("pass_at_k", k, n, keys)
+    return _pass_at_k_of_counts(n, c, k), keys
+
+
+def pass_at_k(correct, group, k: int) -> tuple[float, int]:
+    """pass@k: the mean over questions of :func:`per_group_pass_at_k` (each question weighs the same).
+
+    pass@1 equals :func:`mean_at_k` (up to float rounding): both are the mean over questions of ``c / n``.
+
+    Args/raises: as :func:`per_group_pass_at_k`.
+
+    Returns:
+        ``(pass_k, n_questions)``: float in [0, 1] (NaN when ``n == 0``) and the number of questions.
+    """
+    values, _ = per_group_pass_at_k(correct, group, k)
+    return (float(values.mean()) if len(values) else float("nan")), int(len(values))
+
+
+def pass_at_k_curve(correct, group, max_k: int | None = None) -> tuple[np.ndarray, int]:
+    """pass@k for every ``k = 1 .. K`` (:func:`pass_at_k`), K = ``max_k`` or the smallest number of responses of
+    a question.
+
+    Args:
+        correct, group: as :func:`per_group_pass_at_k`.
+        max_k: the largest k, an integer >= 1 and at most the smallest n; None for that smallest n.
+
+    Returns:
+        ``(values, n_questions)``: ``values`` is ``(K,)`` float64 with ``values[k - 1]`` = pass@k, non-decreasing
+        in k; all NaN (or empty when ``max_k`` is None) when ``n == 0``. O(K * sum of correct) time.
+
+    Raises:
+        ValueError: as :func:`per_group_pass_at_k`, for ``max_k``.
+    """
+    n, c, keys = _group_counts("pass_at_k_curve", correct, group)
+    if max_k is None:
+        max_k = int(n.min()) if len(n) else 0
+        if max_k == 0:
+            return np.zeros(0), 0
+    max_k = _check_k("pass_at_k_curve", max_k, n, keys, what="max_k")
+    if len(n) == 0:
+        return np.full(max_k, np.nan), 0
+    return np.array([_pass_at_k_of_counts(n, c, k).mean() for k in range(1, max_k + 1)]), int(len(n))
 
 
 def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> tuple[np.ndarray, np.ndarray]:

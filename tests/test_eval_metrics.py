@@ -52,6 +52,95 @@ def test_auc_hand_computed():
     assert n_mixed == 1 and value == pytest.approx(0.625)
 
 
+# ------------------------------------------------------------------------------------------- pass@k
+
+
+def test_pass_at_k_hand_computed():
+    # n = 4, c = 1, k = 2: 1 - C(3, 2) / C(4, 2) = 1 - 3/6
+    assert M.pass_at_k([1, 0, 0, 0], [0, 0, 0, 0], 2) == (0.5, 1)
+    # n = 5, c = 2, k = 2: 1 - C(3, 2) / C(5, 2) = 1 - 3/10; k = 3: 1 - C(3, 3) / C(5, 3) = 1 - 1/10
+    assert M.pass_at_k([0, 1, 0, 1, 0], ["q"] * 5, 2)[0] == pytest.approx(0.7, abs=1e-15)
+    assert M.pass_at_k([0, 1, 0, 1, 0], ["q"] * 5, 3)[0] == pytest.approx(0.9, abs=1e-15)
+    # n - c < k: every k-subset holds a correct response -> exactly 1; c = 0 -> exactly 0; c = n -> exactly 1
+    assert M.pass_at_k([0, 1, 1, 1, 0], ["q"] * 5, 3)[0] == 1.0
+    assert M.pass_at_k([0, 0, 0], ["q"] * 3, 3)[0] == 0.0 and M.pass_at_k([0, 0, 0], ["q"] * 3, 1)[0] == 0.0
+    assert M.pass_at_k([1, 1, 1], ["q"] * 3, 1)[0] == 1.0 and M.pass_at_k([1, 1, 1], ["q"] * 3, 3)[0] == 1.0
+    # k = n: 1 unless every response is wrong
+    assert M.pass_at_k([0, 0, 0, 1], ["q"] * 4, 4)[0] == 1.0
+
+
+def test_per_group_pass_at_k_ragged_and_averaged_per_question():
+    correct = [1, 0, 0, 0, 1, 1, 0, 0, 0]  # a: 1 of 4, b: 2 of 2, c: 0 of 3
+    group = ["a", "a", "a", "a", "b", "b", "c", "c", "c"]
+    values, keys = M.per_group_pass_at_k(correct, group, 2)
+    assert keys.tolist() == ["a", "b", "c"] and values.tolist() == [0.5, 1.0, 0.0]
+    assert M.pass_at_k(correct, group, 2) == (0.5, 3)  # (0.5 + 1 + 0) / 3: each question weighs the same
+    curve, nq = M.pass_at_k_curve(correct, group)  # K = 2, the smallest group
+    assert nq == 3 and curve.tolist() == pytest.approx([(0.25 + 1 + 0) / 3, 0.5], abs=1e-15)
+
+
+def test_pass_at_1_is_mean_at_k_and_the_curve_is_non_decreasing():
+    rng = np.random.default_rng(3)
+    n_q, k = 300, 16
+    group = np.repeat(np.arange(n_q), k)
+    correct = rng.uniform(size=n_q * k) < rng.uniform(size=n_q)[group]
+    curve, nq = M.pass_at_k_curve(correct, group)
+    assert nq == n_q and curve.shape == (k,)
+    assert curve[0] == pytest.approx(M.mean_at_k(correct, group)[0], abs=1e-14)
+    assert M.pass_at_k(correct, group, 1)[0] == pytest.approx(M.mean_at_k(correct, group)[0], abs=1e-14)
+    assert (np.diff(curve) >= 0).all()
+    # k = n: the fraction of questions with a correct response
+    assert curve[-1] == pytest.approx(np.mean([correct[group == q].any() for q in range(n_q)]), abs=1e-15)
+    assert M.pass_at_k_curve(correct, group, max_k=4)[0].tolist() == curve[:4].tolist()
+
+
+def test_pass_at_k_matches_enumeration_over_all_k_subsets():
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n_q = int(rng.integers(1, 5))
+        sizes = rng.integers(1, 9, n_q)
+        group = np.repeat(np.arange(n_q), sizes)
+        correct = rng.uniform(size=len(group)) < rng.uniform()
+        for k in range(1, int(sizes.min()) + 1):
+            per_q = []
+            for q in range(n_q):
+                c = correct[group == q]
+                subsets = list(itertools.combinations(range(len(c)), k))
+                per_q.append(sum(c[list(s)].any() for s in subsets) / len(subsets))
+            values, _ = M.per_group_pass_at_k(correct, group, k)
+            assert values == pytest.approx(per_q, abs=1e-13)
+            assert M.pass_at_k(correct, group, k)[0] == pytest.approx(np.mean(per_q), abs=1e-13)
+
+
+def test_pass_at_k_large_n_stays_accurate():
+    # n = 1000, c = 3, k = 500: 1 - C(997, 500) / C(1000, 500) = 1 - (500 * 499 * 498) / (1000 * 999 * 998), in
+    # exact integer arithmetic; C(1000, 500) alone overflows float64
+    exact = 1 - (500 * 499 * 498) / (1000 * 999 * 998)
+    correct = np.zeros(1000, dtype=bool)
+    correct[[5, 500, 999]] = True
+    assert M.pass_at_k(correct, np.zeros(1000), 500)[0] == pytest.approx(exact, rel=1e-14)
+
+
+def test_pass_at_k_errors_and_empty():
+    with pytest.raises(
+        ValueError, match=r"k = 3 exceeds the smallest number of responses per question, n = 2 \(question 'b'\)"
+    ):
+        M.pass_at_k([1, 0, 0, 1, 1], ["a", "a", "a", "b", "b"], 3)
+    with pytest.raises(ValueError, match="max_k = 5 exceeds .* n = 4"):
+        M.pass_at_k_curve([1, 0, 0, 1], [7] * 4, max_k=5)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="k must be an integer >= 1"):
+            M.pass_at_k([1, 0], [0, 0], bad)
+    assert M.pass_at_k([1, 0, 0, 0], [0] * 4, np.int64(2)) == (0.5, 1)
+    with pytest.raises(ValueError, match="correct \\(2\\), group \\(3\\)"):
+        M.pass_at_k([1, 0], [0, 0, 1], 1)
+    value, nq = M.pass_at_k([], [], 3)
+    assert nq == 0 and math.isnan(value)
+    assert M.pass_at_k_curve([], [])[0].shape == (0,)
+    curve, nq = M.pass_at_k_curve([], [], max_k=2)
+    assert nq == 0 and curve.shape == (2,) and np.isnan(curve).all()
+
+
 # ------------------------------------------------------------------------------------------- ITS voting
 
 
