@@ -97,6 +97,52 @@ def test_ragged_k_is_reported_by_score_responses():
     assert m["k"] == {"min": 1, "max": 2} and m["mean_acc"] == pytest.approx((0.5 + 1) / 2)
 
 
+def test_pass_k_values():
+    assert S.pass_k_values(1) == [1] and S.pass_k_values(2) == [1, 2] and S.pass_k_values(3) == [1, 2, 3]
+    assert S.pass_k_values(8) == [1, 2, 4, 8] and S.pass_k_values(12) == [1, 2, 4, 8, 12]
+    assert S.pass_k_values(16) == [1, 2, 4, 8, 16] and S.pass_k_values(0) == []
+
+
+def test_pass_at_k_in_metrics_json_report_and_cli_line(tmp_path, capsys):
+    records = [
+        # A q0: 1 of 3 correct -> pass@1 1/3, pass@2 1 - C(2,2)/C(3,2) = 2/3, pass@3 1; A q1: none correct -> 0
+        rec("A", 0, "4", True, -0.1),
+        rec("A", 0, "5", False, -0.5),
+        rec("A", 0, "6", False, -0.2),
+        rec("A", 1, "1", False, -0.2),
+        rec("A", 1, "2", False, -0.3),
+        rec("A", 1, "3", False, -0.4),
+        # B q0: 2 of 3 -> pass@1 2/3, pass@2 1 (n - c = 1 < 2), pass@3 1
+        rec("B", 0, "9", True, -1.0),
+        rec("B", 0, "9", True, -1.2),
+        rec("B", 0, "8", False, -0.9),
+    ]
+    path = write(tmp_path / "g.jsonl", numbered(records))
+    out = tmp_path / "out"
+    assert main(["score", f"run={path}", "--out", str(out), "--no-plots"]) == 0
+    assert "run: mean@k 33.3%, pass@3 66.7%, AUC-mean" in capsys.readouterr().out  # `all`: (1 + 0 + 1) / 3
+    metrics = json.loads((out / "metrics.json").read_text())["run"]
+    assert metrics["A"]["pass_at_k"] == pytest.approx({"1": 1 / 6, "2": 1 / 3, "3": 0.5}, abs=1e-15)
+    assert metrics["B"]["pass_at_k"] == pytest.approx({"1": 2 / 3, "2": 1.0, "3": 1.0}, abs=1e-15)
+    assert metrics["all"]["pass_at_k"] == pytest.approx({"1": 1 / 3, "2": 5 / 9, "3": 2 / 3}, abs=1e-15)
+    assert metrics["macro_avg"]["pass_at_k"] == pytest.approx({"1": 5 / 12, "2": 2 / 3, "3": 0.75}, abs=1e-15)
+    for key in ("A", "B", "all", "macro_avg"):
+        assert metrics[key]["pass_at_k"]["1"] == pytest.approx(metrics[key]["mean_acc"], abs=1e-15)
+    report = (out / "report.md").read_text()
+    assert "pass@k: the unbiased estimator of Chen et al. 2021" in report and "pass@1 equals mean@k" in report
+    for row in ("| pass@1 (%) | 16.7 |", "| pass@2 (%) | 33.3 |", "| pass@3 (%) | 50.0 |", "| pass@2 (%) | 55.6 |"):
+        assert row in report  # A's rows, then all's
+    assert report.count("| pass@3 (%) | 75.0 |") == 1  # the average over data sources
+
+
+def test_pass_at_k_with_runs_of_different_k_side_by_side(tmp_path):
+    two = write(tmp_path / "k2.jsonl", numbered([rec("A", 0, "1", True, -0.1), rec("A", 0, "2", False, -0.2)]))
+    four = write(tmp_path / "k4.jsonl", numbered([rec("A", 0, "1", j == 0, -0.1 * (j + 1)) for j in range(4)]))
+    S.score_runs({"k2": two, "k4": four}, tmp_path / "out", plots=False)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| pass@2 (%) | 100.0 | 50.0 |" in report and "| pass@4 (%) | – | 100.0 |" in report
+
+
 def test_labels(tmp_path):
     good = write(tmp_path / "good.jsonl", [rec("A", 0, "1", True, -0.1)])
     assert S.parse_labelled([f"grpo={good}", str(good)]) == {"grpo": str(good), "good": str(good)}
@@ -287,6 +333,10 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         assert m[key]["n_questions"] == len(groups) and m[key]["k"] == 8
         acc = np.mean([np.mean([r["correct"] for r in g]) for g in groups.values()])
         assert m[key]["mean_acc"] == pytest.approx(acc, abs=1e-12)
+        assert list(m[key]["pass_at_k"]) == ["1", "2", "4", "8"]
+        solved = np.mean([any(r["correct"] for r in g) for g in groups.values()])
+        assert m[key]["pass_at_k"]["8"] == pytest.approx(solved, abs=1e-15)  # k = n: a question solved at all
+        assert m[key]["pass_at_k"]["1"] == pytest.approx(acc, abs=1e-12)
         aucs = [
             roc_auc_score([r["correct"] for r in g], [r["lpm"] for r in g])
             for g in groups.values()
@@ -340,6 +390,8 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         assert table["metric"] == ["smollm2", "flipped"]
         assert table["AUC-mean"] == [shown(r[key]["auc_mean"], pct=False) for r in (m, f)]
         assert table["mean@k accuracy (%)"] == [shown(r[key]["mean_acc"]) for r in (m, f)]
+        assert table["pass@1 (%)"] == table["mean@k accuracy (%)"]
+        assert table["pass@8 (%)"] == [shown(r[key]["pass_at_k"]["8"]) for r in (m, f)]
         assert table["ITS accuracy, perplexity consistency (%)"] == [
             shown(r[key]["its_accuracy"]["ppl_consistency"]) for r in (m, f)
         ]

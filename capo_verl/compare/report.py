@@ -154,7 +154,15 @@ def write_report(out: Path, methods: list[str], *, n_boot: int = 2000, plots: bo
             "methods": {
                 m: {
                     k: scored[m]["all"].get(k)
-                    for k in ("n_questions", "k", "mean_acc", "auc_mean", "n_mixed_questions", "its_accuracy")
+                    for k in (
+                        "n_questions",
+                        "k",
+                        "mean_acc",
+                        "pass_at_k",
+                        "auc_mean",
+                        "n_mixed_questions",
+                        "its_accuracy",
+                    )
                 }
                 | {"precision_coverage_area": scored[m]["all"]["precision_coverage"]["area"]}
                 for m in methods
@@ -208,16 +216,19 @@ def _summary_markdown(summary: dict, methods: list[str]) -> str:
             f"Held-out evaluation of the final checkpoints (`capo-verl eval`; full report: "
             f"[{held_out['report']}]({held_out['report']}), with precision-coverage and inference-time scaling):",
             "",
-            "| method | questions x k (mixed) | AUC-mean | mean@k | precision-coverage area | "
+            "| method | questions x k (mixed) | AUC-mean | mean@k | pass@k | precision-coverage area | "
             "ITS: perplexity consistency | ITS: majority vote |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for m, e in held_out["methods"].items():
             auc = "n/a" if e["auc_mean"] is None else f"{e['auc_mean']:.3f}"
             its = e.get("its_accuracy") or {}
+            pk = e.get("pass_at_k") or {}  # unbiased pass@k at k = the responses per question (none: older scores)
+            top = max(pk, key=int) if pk else None
+            pass_k = "n/a" if top is None or pk[top] is None else f"{100 * pk[top]:.1f}%"
             lines.append(
                 f"| {m} | {e['n_questions']} x {e['k']} ({e['n_mixed_questions']}) | {auc} | "
-                f"{100 * e['mean_acc']:.1f}% | {e['precision_coverage_area']:.3f} | "
+                f"{100 * e['mean_acc']:.1f}% | {pass_k} | {e['precision_coverage_area']:.3f} | "
                 f"{100 * its.get('ppl_consistency', float('nan')):.1f}% | "
                 f"{100 * its.get('majority_vote', float('nan')):.1f}% |"
             )

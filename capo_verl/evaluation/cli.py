@@ -265,8 +265,10 @@ def _run_score(args) -> int:
     for label, r in results.items():
         a = r["all"]
         its = ", ".join(f"{k} {100 * v:.1f}%" for k, v in a["its_accuracy"].items())
+        top = max(a["pass_at_k"], key=int)  # pass@k at k = the responses per question
         print(
-            f"{label}: mean@k {100 * a['mean_acc']:.1f}%, AUC-mean {a['auc_mean']:.3f} "
+            f"{label}: mean@k {100 * a['mean_acc']:.1f}%, pass@{top} {100 * a['pass_at_k'][top]:.1f}%, "
+            f"AUC-mean {a['auc_mean']:.3f} "
             f"({a['n_mixed_questions']} mixed questions), ITS {its}, "
             f"precision-coverage area {100 * a['precision_coverage']['area']:.1f}%"
         )

@@ -4,8 +4,9 @@
 
 - ``out/metrics.json``: ``{label: {data_source: M, ..., "all": M, "macro_avg": A}}`` where ``M`` is
   :func:`score_responses`'s dict (``"all"`` pools every question of the run, each question weighing the
-  same) and ``A`` the unweighted mean over data sources of ``mean_acc``, ``auc_mean`` and ``its_accuracy``
-  (the "average across benchmarks" of the paper's Figure 1a; present when a run has two or more sources);
+  same) and ``A`` the unweighted mean over data sources of ``mean_acc``, ``pass_at_k``, ``auc_mean`` and
+  ``its_accuracy`` (the "average across benchmarks" of the paper's Figure 1a; present when a run has two or more
+  sources);
 - ``out/report.md``: one table per data source (and all), runs side by side;
 - ``out/precision_coverage.png`` and ``out/accuracy_vs_auc.png`` (paper Figures 4 and 1a), see
   :mod:`capo_verl.evaluation.plots`.
@@ -30,6 +31,13 @@ from capo_verl.evaluation import REQUIRED_FIELDS
 
 #: Coverage levels at which precision is reported (paper Figure 4's x axis in steps of 0.1).
 COVERAGE_LEVELS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+
+def pass_k_values(k: int) -> list[int]:
+    """The k at which pass@k is reported for questions with (at least) ``k`` responses each: the powers of two
+    below ``k``, then ``k`` itself (``k = 8``: 1, 2, 4, 8; ``k = 12``: 1, 2, 4, 8, 12; ``k = 1``: 1), the points
+    of a pass@k curve on a log axis, a handful of numbers even for large k. Empty for ``k < 1``."""
+    return [2**j for j in range(k.bit_length()) if 2**j < k] + ([k] if k >= 1 else [])
 
 
 def parse_labelled(specs: Sequence[str]) -> dict[str, str]:
@@ -217,7 +225,9 @@ def score_responses(
 
     Returns:
         dict with ``n_questions``, ``n_responses``, ``k`` (responses per question: an int, or
-        ``{"min", "max"}`` when ragged), ``mean_acc`` (mean@k), ``auc_mean`` and ``n_mixed_questions``
+        ``{"min", "max"}`` when ragged), ``mean_acc`` (mean@k), ``pass_at_k`` (``{"1": pass@1, "2": pass@2,
+        ...}``, the unbiased estimator of Chen et al. 2021 at :func:`pass_k_values` of the smallest number of
+        responses of a question; pass@1 = mean@k), ``auc_mean`` and ``n_mixed_questions``
         (Eq. 7-8), ``its_accuracy`` (``{"ppl_consistency", "majority_vote", "max_lpm"}``, Algorithm 1),
         ``precision_coverage`` (``{"coverage", "precision", "area"}``, Figure 4), ``answered_frac``
         (non-empty answer), ``lpm_correct_mean``/``lpm_incorrect_mean``, and with ``num_tokens``:
@@ -236,6 +246,7 @@ def score_responses(
         "n_responses": int(len(lpm)),
         "k": k,
         "mean_acc": mean_acc,
+        "pass_at_k": {str(j): M.pass_at_k(correct, group, j)[0] for j in pass_k_values(int(counts.min()))},
         "auc_mean": auc,
         "n_mixed_questions": n_mixed,
         "its_accuracy": {m: M.its_accuracy(group, answer, lpm, correct, m) for m in M.ITS_METHODS},
@@ -284,10 +295,20 @@ def score_generations(cols: Mapping[str, np.ndarray], levels: Sequence[float] = 
         out["macro_avg"] = {
             "n_data_sources": len(sources),
             "mean_acc": avg([out[s]["mean_acc"] for s in sources]),
+            # a k that some source lacks (fewer responses there) averages the sources that have it
+            "pass_at_k": {
+                j: avg([out[s]["pass_at_k"][j] for s in sources if j in out[s]["pass_at_k"]])
+                for j in _pass_keys(out[s] for s in sources)
+            },
             "auc_mean": avg([out[s]["auc_mean"] for s in sources]),
             "its_accuracy": {m: avg([out[s]["its_accuracy"][m] for s in sources]) for m in M.ITS_METHODS},
         }
     return out
+
+
+def _pass_keys(metrics) -> list[str]:
+    """The pass@k keys (``"1"``, ``"2"``, ...) found in any of ``metrics`` (dicts or None), in increasing k."""
+    return sorted({j for m in metrics if m is not None for j in m.get("pass_at_k", {})}, key=int)
 
 
 def _json_safe(x):
@@ -340,6 +361,7 @@ def _source_rows(per_run: list[dict | None]) -> list[tuple[str, list[str]]]:
         ("questions", cells(lambda m: str(m["n_questions"]))),
         ("responses per question (k)", cells(lambda m: _k(m["k"]))),
         ("mean@k accuracy (%)", cells(lambda m: _pct(m["mean_acc"]))),
+        *[(f"pass@{j} (%)", cells(lambda m, j=j: _pct(m.get("pass_at_k", {}).get(j)))) for j in _pass_keys(per_run)],
         ("AUC-mean", cells(lambda m: _num(m["auc_mean"]))),
         ("questions with both outcomes", cells(lambda m: str(m["n_mixed_questions"]))),
     ]
@@ -378,7 +400,10 @@ def write_report(
         "# Evaluation report",
         "",
         "Confidence is each response's mean token log-probability `lpm` (nats). mean@k: mean over questions "
-        "of the fraction correct. AUC-mean: per-question ROC-AUC of lpm against correctness (ties 1/2), "
+        "of the fraction correct. pass@k: the unbiased estimator of Chen et al. 2021, per question "
+        "1 - C(n-c, k) / C(n, k) with c correct among its n responses (the chance that k of them drawn without "
+        "replacement include a correct one), averaged over questions; reported at k = 1, 2, 4, ... and k = n. "
+        "pass@1 equals mean@k. AUC-mean: per-question ROC-AUC of lpm against correctness (ties 1/2), "
         "averaged over questions with both outcomes (paper Eq. 7-8). ITS: one answer per question from "
         "its k responses (perplexity consistency = paper Algorithm 1; empty answers do not vote; ties "
         "share credit). Precision @ coverage: responses pooled and ranked by lpm, precision of the most "
@@ -416,6 +441,10 @@ def write_report(
                 [str(results[l]["macro_avg"]["n_data_sources"]) if "macro_avg" in results[l] else "–" for l in labels],
             ),
             ("mean@k accuracy (%)", [_pct(results[l].get("macro_avg", {}).get("mean_acc")) for l in labels]),
+            *[
+                (f"pass@{j} (%)", [_pct(results[l].get("macro_avg", {}).get("pass_at_k", {}).get(j)) for l in labels])
+                for j in _pass_keys(results[l].get("macro_avg") for l in labels)
+            ],
             ("AUC-mean", [_num(results[l].get("macro_avg", {}).get("auc_mean")) for l in labels]),
         ]
         rows += [
