@@ -23,6 +23,7 @@ from capo_verl.compare import (
     run_method,
 )
 from capo_verl.compare.outdir import check_method_dir, differences, require_same
+from capo_verl.compare.statistics import hierarchical_bootstrap_diff, seed_t_interval, t_quantile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +71,139 @@ def test_paired_difference_uses_the_same_questions_for_both():
     assert d["accuracy_diff"] == 0.0 and d["accuracy_diff_ci"] == (0.0, 0.0)
     with pytest.raises(ValueError, match="share no question"):
         paired_difference(a, ValidationPass(4, ["other"], [np.zeros(2)], [np.array([True, False])]))
+
+
+# ----------------------------------------------------------------------- across seeds: t quantile, t-interval,
+# two-level bootstrap
+
+
+def test_t_quantile_hand_values_closed_forms_and_scipy():
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=5e-7)  # the textbook table values
+    assert t_quantile(0.975, 1) == pytest.approx(12.706205, abs=5e-7)
+    assert t_quantile(0.995, 4) == pytest.approx(4.604095, abs=5e-7)
+    assert t_quantile(0.975, 30) == pytest.approx(2.042272, abs=5e-7)
+    assert t_quantile(0.5, 3) == 0.0 and t_quantile(0.025, 2) == -t_quantile(0.975, 2)
+    for p in (0.6, 0.9, 0.975, 0.999):  # df = 1: Cauchy; df = 2: t = (2p - 1) / sqrt(2p(1 - p))
+        assert t_quantile(p, 1) == pytest.approx(np.tan(np.pi * (p - 0.5)), rel=1e-13)
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / np.sqrt(2 * p * (1 - p)), rel=1e-13)
+    for bad_p in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="p must lie in"):
+            t_quantile(bad_p, 3)
+    for bad_df in (0, 2.5, True):
+        with pytest.raises(ValueError, match="df must be an integer >= 1"):
+            t_quantile(0.9, bad_df)
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 4, 5, 8, 9, 19, 30, 101):
+        for p in (0.0005, 0.01, 0.1, 0.4, 0.6, 0.9, 0.95, 0.975, 0.995, 0.9995):
+            assert t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-11)
+
+
+def test_seed_t_interval_by_hand():
+    # per-seed differences 1, 2, 3: mean 2, sd 1, half-width t_{0.975,2} / sqrt(3) = 4.302653 / 1.7320508
+    r = seed_t_interval([3.0, 5.0, 7.0], [2.0, 3.0, 4.0])
+    assert (r["n_seeds"], r["mean"], r["sd"]) == (3, 2.0, 1.0)
+    assert (r["low"], r["high"]) == pytest.approx((2 - 2.484138, 2 + 2.484138), abs=1e-6)
+    # per seed and question: each seed's difference is the mean over its questions; NaN = undefined question
+    a = np.array([[1.0, 2.0, np.nan], [3.0, 3.0, 3.0], [6.0, np.nan, 4.0]])
+    b = np.array([[0.0, 0.0, 1.0], [1.0, 2.0, 3.0], [np.nan, 4.0, 2.0]])  # d = 1.5 - 1/3, 3 - 2, 5 - 3
+    r = seed_t_interval(a, b, level=0.9)
+    d = np.array([1.5 - 1 / 3, 1.0, 2.0])
+    half = t_quantile(0.95, 2) * d.std(ddof=1) / np.sqrt(3)
+    assert r["mean"] == pytest.approx(d.mean()) and (r["low"], r["high"]) == pytest.approx(
+        (d.mean() - half, d.mean() + half)
+    )
+    one = seed_t_interval([[1.0, 2.0]], [[0.0, 0.0]])
+    assert one["n_seeds"] == 1 and one["mean"] == 1.5 and np.isnan([one["sd"], one["low"], one["high"]]).all()
+    with pytest.raises(ValueError, match="same shape"):
+        seed_t_interval([1.0, 2.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="b has no defined .* at seed index 1"):
+        seed_t_interval([[1.0], [2.0]], [[1.0], [np.nan]])
+    with pytest.raises(ValueError, match="infinite"):
+        seed_t_interval([1.0, np.inf], [1.0, 2.0])
+    with pytest.raises(ValueError, match="level must lie in"):
+        seed_t_interval([1.0, 2.0], [0.0, 0.0], level=1.0)
+
+
+def test_hierarchical_bootstrap_with_one_question_per_seed_is_the_bootstrap_over_seeds():
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=6), rng.normal(size=6)
+    r = hierarchical_bootstrap_diff(a, b, n_boot=500, seed=11)
+    # the documented draws: default_rng(seed).integers(0, S, (n_boot, S)) for the seeds
+    idx = np.random.default_rng(11).integers(0, 6, (500, 6))
+    means = (a - b)[idx].mean(axis=1)
+    assert (r["low"], r["high"]) == pytest.approx((np.quantile(means, 0.025), np.quantile(means, 0.975)), abs=1e-12)
+    assert r["mean"] == pytest.approx((a - b).mean()) and (r["n_seeds"], r["n_questions"]) == (6, 1)
+    assert hierarchical_bootstrap_diff(a[:, None], b[:, None], n_boot=500, seed=11) == r
+
+
+def test_hierarchical_bootstrap_collapses_without_spread():
+    rng = np.random.default_rng(0)
+    b = rng.normal(size=(4, 30))
+    r = hierarchical_bootstrap_diff(b + 0.25, b, n_boot=300)  # every paired difference is 0.25
+    assert (r["mean"], r["low"], r["high"]) == pytest.approx((0.25, 0.25, 0.25), abs=1e-12)
+    r = hierarchical_bootstrap_diff(np.ones((3, 5)), np.zeros((3, 5)), n_boot=50)
+    assert (r["mean"], r["low"], r["high"]) == (1.0, 1.0, 1.0)
+
+
+def test_hierarchical_bootstrap_hand_worked_two_seed_cases():
+    # two seeds, one question each, differences 0 and 1: a replicate's mean is 0, 1/2, 1 with probability 1/4,
+    # 1/2, 1/4; the 30% and 70% quantiles are both 1/2, the 2.5% and 97.5% ones 0 and 1
+    r = hierarchical_bootstrap_diff([0.0, 1.0], [0.0, 0.0], n_boot=4000, seed=1, level=0.4)
+    assert (r["mean"], r["low"], r["high"]) == (0.5, 0.5, 0.5)
+    r = hierarchical_bootstrap_diff([0.0, 1.0], [0.0, 0.0], n_boot=4000, seed=1)
+    assert (r["low"], r["high"]) == (0.0, 1.0)
+    # two seeds, two questions: seed 0 differences (0, 0), seed 1 (0, 2). Seed 1's mean over its two drawn
+    # questions is 0, 1, 2 with probability 1/4, 1/2, 1/4. A replicate draws seed 1 twice with probability 1/4;
+    # then its mean is Binomial(4, 1/2) / 2, so P(2) = 1/4 * 1/16 = 1/64 < 2.5% and P(>= 1.5) = 1/4 * 5/16 = 5/64:
+    # the 97.5% quantile is 1.5. A bootstrap over seeds only (per-seed means 0 and 1) could not exceed 1.
+    a = np.array([[0.0, 0.0], [0.0, 2.0]])
+    r = hierarchical_bootstrap_diff(a, np.zeros((2, 2)), n_boot=20000, seed=2)
+    assert (r["mean"], r["low"], r["high"]) == (0.5, 0.0, 1.5)
+    # the question draws do not depend on the chunking (one replicate at a time here)
+    assert hierarchical_bootstrap_diff(a, np.zeros((2, 2)), n_boot=300, seed=3, max_cells=4) == (
+        hierarchical_bootstrap_diff(a, np.zeros((2, 2)), n_boot=300, seed=3)
+    )
+
+
+def test_hierarchical_bootstrap_matches_a_loop_over_replicates_with_undefined_questions():
+    rng = np.random.default_rng(9)
+    S, Q, B = 3, 4, 400
+    a, b = rng.normal(size=(S, Q)), rng.normal(size=(S, Q))
+    a[0, :3] = np.nan  # seed 0 has one defined question for a: some replicates have none and are dropped
+    b[2, 1] = np.nan
+    r = hierarchical_bootstrap_diff(a, b, n_boot=B, seed=4, max_cells=30)
+    # the documented draws, one replicate at a time
+    g = np.random.default_rng(4)
+    seeds = g.integers(0, S, (B, S))
+    stats = []
+    for rep in range(B):
+        q = np.floor(g.random((S, Q)) * Q).astype(int)
+        d = []
+        for j, s in enumerate(seeds[rep]):
+            x, y = a[s, q[j]], b[s, q[j]]
+            x, y = x[~np.isnan(x)], y[~np.isnan(y)]
+            d.append(x.mean() - y.mean() if x.size and y.size else np.nan)
+        stats.append(np.mean(d))
+    stats = np.array(stats)
+    stats = stats[np.isfinite(stats)]
+    assert 0 < stats.size < B
+    assert (r["low"], r["high"]) == pytest.approx((np.quantile(stats, 0.025), np.quantile(stats, 0.975)), abs=1e-12)
+    assert r["mean"] == pytest.approx(seed_t_interval(a, b)["mean"], abs=1e-15)
+
+
+def test_hierarchical_bootstrap_errors():
+    with pytest.raises(ValueError, match="n_boot must be >= 1"):
+        hierarchical_bootstrap_diff([1.0, 2.0], [0.0, 0.0], n_boot=0)
+    with pytest.raises(ValueError, match="max_cells must be >= 1"):
+        hierarchical_bootstrap_diff([1.0, 2.0], [0.0, 0.0], max_cells=0)
+    with pytest.raises(ValueError, match="level must lie in"):
+        hierarchical_bootstrap_diff([1.0, 2.0], [0.0, 0.0], level=0.0)
+    with pytest.raises(ValueError, match="same shape"):
+        hierarchical_bootstrap_diff(np.zeros((2, 3)), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="no values"):
+        hierarchical_bootstrap_diff(np.zeros((0, 3)), np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="a has no defined .* at seed index 0"):
+        hierarchical_bootstrap_diff([[np.nan, np.nan], [1.0, 2.0]], np.zeros((2, 2)))
 
 
 @pytest.mark.filterwarnings("ignore:Disabled critic")
