@@ -352,3 +352,54 @@ def test_a_stopped_method_resumes_from_its_last_checkpoint_and_keeps_every_steps
             run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings)
     (run / "ckpt" / "latest_checkpointed_iteration.txt").unlink()
     assert check_method_dir(run, settings, None) == "retrain"
+
+
+def _dump(path: Path, rows: list[tuple[str, float, bool]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"input": q, "lpm": lpm, "acc": float(c)}) + "\n" for q, lpm, c in rows))
+
+
+def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
+    """Two seeds, two methods, two questions of 3 samples each, validated at steps 0 and 30; every number by hand."""
+    from capo_verl.compare.seeds import write_seeds_summary
+
+    # per question: samples (lpm, correct). AUC of q with lpm ranking: all correct above all incorrect = 1.0
+    up = [(-1.0, True), (-2.0, False), (-3.0, False)]  # AUC 1.0, accuracy 1/3
+    down = [(-3.0, True), (-2.0, False), (-1.0, False)]  # AUC 0.0, accuracy 1/3
+    half = [(-1.0, True), (-2.0, False), (-1.0, False)]  # AUC (1 + 0.5) / 2 = 0.75, accuracy 1/3
+    solved = [(-1.0, True), (-2.0, True), (-3.0, True)]  # not mixed: AUC undefined, accuracy 1
+    passes = {  # (seed, method, step) -> (question a, question b)
+        (0, "grpo", 0): (up, half), (0, "grpo", 30): (down, half),
+        (0, "capo", 0): (up, half), (0, "capo", 30): (up, up),
+        (1, "grpo", 0): (half, solved), (1, "grpo", 30): (half, down),
+        (1, "capo", 0): (half, solved), (1, "capo", 30): (up, solved),
+    }  # fmt: skip
+    for (k, m, step), (qa, qb) in passes.items():
+        _dump(
+            tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl",
+            [("a", *s) for s in qa] + [("b", *s) for s in qb],
+        )
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=200)
+
+    # AUC-mean per seed (mean over mixed questions): seed 0 grpo 0 -> (0 + .75)/2, capo (1 + .75)/2 -> (1 + 1)/2;
+    # seed 1 grpo .75 -> (.75 + 0)/2, capo .75 -> 1.0 (b not mixed)
+    per = summary["per_seed"]
+    assert per["grpo"]["auc_mean"]["first"] == pytest.approx([0.875, 0.75])
+    assert per["grpo"]["auc_mean"]["last"] == pytest.approx([0.375, 0.375])
+    assert per["capo"]["auc_mean"]["last"] == pytest.approx([1.0, 1.0])
+    last = summary["differences"]["capo - grpo"]["auc_mean"]["last"]
+    assert last["per_seed"] == pytest.approx([0.625, 0.625])
+    assert last["t_interval"]["mean"] == pytest.approx(0.625) and last["t_interval"]["sd"] == pytest.approx(0.0)
+    # change, per question: seed 0: capo (0, .25) - grpo (-1, 0) -> means .125 - (-.5); seed 1: capo (.25, nan) ->
+    # .25, grpo (0, nan: b not mixed at step 0) -> 0
+    change = summary["differences"]["capo - grpo"]["auc_mean"]["change"]
+    assert change["per_seed"] == pytest.approx([0.625, 0.25])
+    t = change["t_interval"]
+    half_width = 12.706204736 * np.std([0.625, 0.25], ddof=1) / np.sqrt(2)  # t_{0.975, 1}
+    assert (t["low"], t["high"]) == pytest.approx((0.4375 - half_width, 0.4375 + half_width))
+    # accuracy: every question 1/3 except `solved` (1): seed 1 capo last (1/3 + 1)/2 vs grpo last 1/3
+    acc = summary["differences"]["capo - grpo"]["accuracy"]["last"]
+    assert acc["per_seed"] == pytest.approx([0.0, 1 / 3])
+    md = (tmp_path / "seeds_summary.md").read_text()
+    assert "capo - grpo, at the last pass | +0.625 |" in md
+    assert json.loads((tmp_path / "seeds_summary.json").read_text())["steps"]["capo"] == [[0, 30], [0, 30]]

@@ -126,6 +126,9 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
         (["--methods", "grpo", "grpo"], "--methods lists grpo more than once"),
         (["--methods", "grpo", "nope"], "argument --methods: invalid choice: 'nope'"),
         (["--n-boot", "0"], "argument --n-boot: must be >= 1, got 0"),
+        (["--seeds", "0-1,0"], "--seeds lists a seed more than once: 0,1,0"),
+        (["--seeds=-1"], "argument --seeds: '-1': give seeds as 0,1,2 or 0-2 (integers >= 0)"),
+        (["--seeds", "3-1"], "argument --seeds: '3-1': range 3-1 runs backwards"),
         (["--eval-k", "0"], "argument --eval-k: must be >= 1, got 0"),
         (["--config", "nope"], "config 'nope' not found in the configs shipped with capo-verl"),
         (
@@ -312,3 +315,22 @@ def test_an_installed_wheel_finds_its_default_config_outside_the_checkout(tmp_pa
     module, folder, composed = proc.stdout.strip().splitlines()[-3:]
     assert Path(module).is_relative_to(site) and Path(folder) == (site / "capo_verl" / "compare" / "configs")
     assert composed == "cpu grpo"  # cpu_base.yaml and verl's ppo_trainer (hydra searchpath) were found too
+
+
+def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_method(tmp_path):
+    """Seed k of --seeds: every method's composed config has data.seed = k and actor_rollout_ref.rollout.seed = k
+    (paired across methods), and nothing else differs from the seedless plan."""
+    from capo_verl.compare.cli import seed_overrides
+    from capo_verl.compare.outdir import differences
+
+    args = build_parser().parse_args(base_args(tmp_path, tmp_path / "cmp", "--seeds", "3,5"))
+    assert args.seeds == [3, 5]
+    plain = make_plan(args)
+    for k in args.seeds:
+        plan = make_plan(args, seed_overrides(k))
+        for method, settings in plan.method_settings.items():
+            composed = settings["composed"]
+            assert composed["data"]["seed"] == k and composed["actor_rollout_ref"]["rollout"]["seed"] == k
+            other = plain.method_settings[method]["composed"]
+            changed = {path for path, _, _ in differences(other, composed)}
+            assert changed == {"data.seed", "actor_rollout_ref.rollout.seed"}, changed

@@ -44,6 +44,27 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _seed_list(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers >= 0 and ranges ``a-b`` (inclusive), e.g. ``0,1,2`` or ``0-2,5``."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give seeds as 0,1,2 or 0-2 (integers >= 0)") from None
+        if first > last:
+            raise argparse.ArgumentTypeError(f"{text!r}: range {part.strip()} runs backwards")
+        seeds += range(first, last + 1)
+    return seeds
+
+
+def seed_overrides(seed: int) -> list[str]:
+    """The overrides of training seed ``seed``: verl's dataloader shuffle (``data.seed``) and the base of every
+    rollout request's seed (``actor_rollout_ref.rollout.seed``, :func:`capo_verl.compat.vllm_cpu.request_seed`)."""
+    return [f"++data.seed={seed}", f"++actor_rollout_ref.rollout.seed={seed}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; its ``error()`` raises :class:`UsageError` instead of exiting."""
     p = _Parser(
@@ -88,12 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data-dir", default=None, help="where the default config's data is written (default ~/data/capo/compare)"
     )
+    p.add_argument(
+        "--val-questions",
+        type=_at_least_one,
+        default=MIN_VAL_QUESTIONS,
+        help=f"validation problems the default config's data holds (default {MIN_VAL_QUESTIONS}); another number "
+        "writes its data to its own default --data-dir (~/data/capo/compare_val<N>), and the held-out set is the "
+        "64 problems after them",
+    )
     p.add_argument("--plot-only", action="store_true", help="only redraw figures and summary from existing logs")
     p.add_argument("--no-eval", action="store_true", help="skip `capo-verl eval` of the final checkpoints")
     p.add_argument(
         "--eval-k", type=_at_least_one, default=8, help="samples per held-out problem in the evaluation (default 8)"
     )
     p.add_argument("--n-boot", type=_at_least_one, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument(
+        "--seeds",
+        type=_seed_list,
+        default=None,
+        metavar="K[,K...]",
+        help="training seeds, e.g. 0,1,2 or 0-2: seed K trains every method in <out>/seedK/ with data.seed=K and "
+        "actor_rollout_ref.rollout.seed=K (the same data order and rollout seeds for every method of a seed: "
+        "paired), seed by seed; <out>/seeds_summary.md compares across seeds (default: one run per method in "
+        "<out>/ with the config's seeds)",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
     return p
 
@@ -121,7 +160,7 @@ class Plan:
     max_new_tokens: int
 
 
-def make_plan(args: argparse.Namespace) -> Plan:
+def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan:
     """Check the arguments and compose every method's config (verl's checks included); writes nothing.
 
     Raises:
@@ -132,14 +171,15 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if repeated:
         raise UsageError(f"--methods lists {', '.join(repeated)} more than once")
     config_dir = find_config_dir(args.config, args.config_dir)
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + list(extra_overrides)
     if args.steps is not None:
         overrides.append(f"++trainer.total_training_steps={args.steps}")
     data_dir, default_model = None, False
     if args.config == DEFAULT_CONFIG:
         from capo_verl.models import SMOLLM2_NAME, cache_dir
 
-        data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / "compare").expanduser().resolve()
+        default_dir = "compare" if args.val_questions == MIN_VAL_QUESTIONS else f"compare_val{args.val_questions}"
+        data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / default_dir).expanduser().resolve()
         defaults = [
             f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
             f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
@@ -151,6 +191,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
     base = checked_config("the shared config", args.config, config_dir, overrides, validate=False)
     settings = {"config": args.config, "overrides": overrides, "composed": as_record(base)}
+    if data_dir is not None and args.val_questions != MIN_VAL_QUESTIONS:  # recorded when not the default
+        settings["val_questions"] = args.val_questions
     method_settings = {}
     for m in args.methods:
         own = list(METHODS[m].overrides)
@@ -169,18 +211,28 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``capo-verl compare``; returns the exit code: 0, 1 (a training or evaluation failed), 2 (refused)."""
+    """Run ``capo-verl compare``; returns the exit code: 0, 1 (a training or evaluation failed), 2 (refused),
+    130 (stopped by Ctrl-C: the same command goes on)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
         out = Path(args.out).expanduser().resolve()
+        if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+            raise UsageError(f"--seeds lists a seed more than once: {','.join(map(str, args.seeds))}")
         if args.plot_only:
             return _plot_only(out, args)
-        plan = make_plan(args)
+        # every seed's plan and folder is checked before anything is written or trained
+        units = {None: out} if args.seeds is None else {k: out / f"seed{k}" for k in args.seeds}
+        plans = {k: make_plan(args, [] if k is None else seed_overrides(k)) for k in units}
+        plan = next(iter(plans.values()))
         evaluated = not args.no_eval and plan.data_dir is not None
-        prepare_out(
-            out, plan.settings, plan.method_settings, eval_k=args.eval_k if evaluated else None, reuse=args.reuse_out
-        )
+        eval_k = args.eval_k if evaluated else None
+        if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
+            shared = make_plan(args)
+            prepare_out(out, {**shared.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
+        for k, folder in units.items():
+            reuse = args.reuse_out if k is None else False
+            prepare_out(folder, plans[k].settings, plans[k].method_settings, eval_k=eval_k, reuse=reuse)
     except UsageError as exc:
         print(f"capo-verl compare: error: {exc}", file=sys.stderr)
         return 2
@@ -190,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "argv": argv,
                 "methods": args.methods,
+                "seeds": args.seeds,
                 "config": args.config,
                 "config_dir": str(plan.config_dir),
-                "overrides": plan.overrides,
+                "overrides": plan.overrides if args.seeds is None else make_plan(args).overrides,
             },
             indent=2,
         )
@@ -202,19 +255,33 @@ def main(argv: list[str] | None = None) -> int:
         if plan.data_dir is not None:
             from capo_verl.models import write_gsm8k_calc_parquet
 
-            write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=MIN_VAL_QUESTIONS, n_test=64, seed=0)
+            write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=args.val_questions, n_test=64, seed=0)
             eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
         if plan.default_model:
             from capo_verl.models import smollm2_checkpoint
 
             smollm2_checkpoint()  # converted on first use, into the folder the overrides name
-        for m in args.methods:
-            run_method(m, out, args.config, plan.config_dir, plan.overrides, settings=plan.method_settings[m])
-        if evaluated:
-            report = evaluate(out, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens)
-            print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
-        elif not args.no_eval:
-            print("[compare] no held-out evaluation set for a custom --config: skipping `capo-verl eval`", flush=True)
+        for k, folder in units.items():
+            if k is not None:
+                print(f"[compare] seed {k}: {folder}", flush=True)
+            for m in args.methods:
+                run_method(
+                    m,
+                    folder,
+                    args.config,
+                    plans[k].config_dir,
+                    plans[k].overrides,
+                    settings=plans[k].method_settings[m],
+                )
+            if evaluated:
+                report = evaluate(folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens)
+                print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
+            elif not args.no_eval:
+                print(
+                    "[compare] no held-out evaluation set for a custom --config: skipping `capo-verl eval`", flush=True
+                )
+            if k is not None:
+                write_report(folder, args.methods, n_boot=args.n_boot)
     except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:
         print(f"capo-verl compare: {exc}", file=sys.stderr)
         return 1
@@ -225,8 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    write_report(out, args.methods, n_boot=args.n_boot)
-    print((out / "summary.md").read_text())
+    if args.seeds is None:
+        write_report(out, args.methods, n_boot=args.n_boot)
+        print((out / "summary.md").read_text())
+    else:
+        from capo_verl.compare.seeds import write_seeds_summary
+
+        write_seeds_summary(out, args.methods, args.seeds, n_boot=args.n_boot)
+        print((out / "seeds_summary.md").read_text())
     return 0
 
 
@@ -239,8 +312,16 @@ def _plot_only(out: Path, args: argparse.Namespace) -> int:
     if not out.is_dir():
         raise UsageError(f"--plot-only: --out {out} is not a folder")
     try:
-        write_report(out, args.methods, n_boot=args.n_boot)
+        if args.seeds is None:
+            write_report(out, args.methods, n_boot=args.n_boot)
+            print((out / "summary.md").read_text())
+        else:
+            from capo_verl.compare.seeds import write_seeds_summary
+
+            for k in args.seeds:
+                write_report(out / f"seed{k}", args.methods, n_boot=args.n_boot)
+            write_seeds_summary(out, args.methods, args.seeds, n_boot=args.n_boot)
+            print((out / "seeds_summary.md").read_text())
     except FileNotFoundError as exc:
         raise UsageError(f"--plot-only: {exc}") from exc
-    print((out / "summary.md").read_text())
     return 0

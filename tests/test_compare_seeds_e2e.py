@@ -1,0 +1,68 @@
+"""``capo-verl compare --seeds 0,1`` end to end on the tiny model: two training seeds x GRPO and CAPO through verl's
+trainer (four launches under capo_verl.launch), per-seed reports and the summary across seeds.
+
+CI-sized: 2 steps of 4 prompts x 4 samples, 16 validation questions x 4 samples at steps 0 and 2, the parity reward
+of tests/conftest.py (half of random text is "correct", so questions are mixed and AUC-mean is defined).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from capo_verl.compare.outdir import last_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
+    out = tmp_path / "cmp"
+    cmd = [
+        sys.executable, "-m", "capo_verl.compare",
+        "--methods", "grpo", "capo",
+        "--seeds", "0,1",
+        "--steps", "2",
+        "--val-questions", "16",
+        "--data-dir", str(tmp_path / "data"),
+        "--no-eval",
+        "--n-boot", "200",
+        "--out", str(out),
+        f"actor_rollout_ref.model.path={e2e_inputs.model}",
+        f"reward.custom_reward_function.path={e2e_inputs.reward}",
+        "reward.custom_reward_function.name=parity_reward",
+        "data.train_batch_size=4",
+        "data.max_response_length=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.test_freq=2",
+        "algorithm.capo.ref_high=4.0",
+        "algorithm.capo.ref_low=4.0",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+
+    for k in (0, 1):
+        for method in ("grpo", "capo"):
+            run = out / f"seed{k}" / method
+            done = json.loads((run / "done.json").read_text())
+            composed = done["settings"]["composed"]
+            assert composed["data"]["seed"] == k and composed["actor_rollout_ref"]["rollout"]["seed"] == k
+            assert [a["start_step"] for a in done["attempts"]] == [0]
+            assert last_checkpoint(run) == 2
+            assert sorted(p.stem for p in (run / "val_generations").glob("*.jsonl")) == ["0", "2"]
+        assert (out / f"seed{k}" / "summary.json").exists()
+    summary = json.loads((out / "seeds_summary.json").read_text())
+    assert summary["seeds"] == [0, 1] and summary["n_questions"] == 16
+    diff = summary["differences"]["capo - grpo"]["auc_mean"]["last"]
+    assert len(diff["per_seed"]) == 2 and diff["t_interval"]["n_seeds"] == 2
+    assert diff["t_interval"]["low"] <= diff["t_interval"]["mean"] <= diff["t_interval"]["high"]
+    assert "across 2 training seed(s): 0, 1" in proc.stdout
+    assert "bootstrap (seeds, then questions; 200 resamples)" in proc.stdout
