@@ -22,7 +22,7 @@ capo-verl estimator) where the authors count ``R_i == 1.0``; everything is vecto
 loop in Python, c in float64). CoDaPO's resampling (CoDaSampling / CoDaLearning: every batch used twice, the
 second time only its top-quarter questions by weight, each repeated 4 times; ``codapo/ray_trainer.py``) is not
 part of this estimator: verl 0.9.1 has no public hook through which the advantage step can choose the next
-step's prompts (see the README). Nothing here imports verl; ``capo_verl.compat.methods`` registers
+step's prompts (docs/algorithms/codapo.md, "Resampling is not implemented"). Nothing here imports verl; ``capo_verl.compat.methods`` registers
 :func:`compute_codapo_outcome_advantage`.
 """
 
@@ -47,7 +47,7 @@ __all__ = ["CodapoConfig", "codapo_group_weights", "codapo_advantages", "compute
 _NOT_IMPLEMENTED = (
     "CoDaPO's resampling (CoDaSampling/CoDaLearning) is not implemented in capo-verl: verl 0.9.1 offers no public "
     "hook to choose the next step's prompts from this step's weights; the codapo estimator applies CoDaWeighting "
-    "only (README, 'CoDaPO'). Remove this key."
+    "only (docs/algorithms/codapo.md, section 'Resampling is not implemented'). Remove this key."
 )
 
 
