@@ -22,8 +22,8 @@ capo-verl estimator) where the authors count ``R_i == 1.0``; everything is vecto
 loop in Python, c in float64). CoDaPO's resampling (CoDaSampling / CoDaLearning: every batch used twice, the
 second time only its top-quarter questions by weight, each repeated 4 times; ``codapo/ray_trainer.py``) is not
 part of this estimator: verl 0.9.1 has no public hook through which the advantage step can choose the next
-step's prompts (docs/algorithms/codapo.md, "Resampling is not implemented"). Nothing here imports verl; ``capo_verl.compat.methods`` registers
-:func:`compute_codapo_outcome_advantage`.
+step's prompts (docs/algorithms/codapo.md, "Resampling is not implemented"). Nothing here imports verl;
+``capo_verl.compat.methods`` registers :func:`compute_codapo_outcome_advantage`.
 """
 
 from __future__ import annotations
