@@ -364,6 +364,7 @@ def capo_run(start_verl, tmp_path_factory) -> VerlRun:
     try:
         run = launch.finish()
         run.other_segment_kept = os.path.exists(other)
+        run.shm_left = [p for p in run.shm_left if p != other]  # the other program's, not the run's
     finally:
         if os.path.exists(other):
             os.unlink(other)
