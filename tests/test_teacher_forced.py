@@ -214,3 +214,24 @@ def test_cli_refuses_a_question_missing_from_the_data(tiny, pool_file, tmp_path,
     )
     assert TF.main(["--pool", str(pool_file), "--data", str(other), "--model", tiny, "--out", "x.json"]) == 2
     assert "is not in the given data" in one_error_line(capsys)
+
+
+def test_capo_verl_eval_mounts_teacher_forced(tmp_path, capsys):
+    from capo_verl.evaluation.cli import main as eval_main
+
+    assert (
+        eval_main(
+            [
+                "teacher-forced",
+                "--pool",
+                str(tmp_path / "none.jsonl"),
+                "--model",
+                "m",
+                "--out",
+                str(tmp_path / "o.json"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("capo-verl eval teacher-forced: error: no such pool file")

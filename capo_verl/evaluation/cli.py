@@ -284,9 +284,18 @@ def main(argv: list[str] | None = None) -> int:
     stderr and returns 2, without a traceback; argparse's own usage errors exit with 2 as well.
     """
     parser = argparse.ArgumentParser(prog="capo-verl eval", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score,teacher-forced}")
     _generate_parser(sub)
     _score_parser(sub)
+    from capo_verl.evaluation import teacher_forced
+
+    teacher_forced.add_arguments(
+        sub.add_parser(
+            "teacher-forced",
+            help="score a fixed response pool with each checkpoint (teacher forcing) and report its AUC-mean",
+            description=teacher_forced.build_parser().description,
+        )
+    )
     args = parser.parse_args(argv)
     log = logging.getLogger("capo_verl.evaluation")
     if not log.handlers:
@@ -296,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         log.setLevel(logging.INFO)
         log.propagate = False  # verl configures the root logger too: print once
     try:
+        if args.command == "teacher-forced":
+            return teacher_forced.run(args)
         return _run_generate(args) if args.command == "generate" else _run_score(args)
     except (ValueError, FileNotFoundError, ImportError) as e:
         message = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line, whatever the library wrote
