@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from capo_verl.compare import teacher_forced
 from capo_verl.compare.config import (
     DEFAULT_CONFIG,
     MIN_VAL_QUESTIONS,
@@ -133,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
         "paired), seed by seed; <out>/seeds_summary.md compares across seeds (default: one run per method in "
         "<out>/ with the config's seeds)",
     )
+    p.add_argument(
+        "--teacher-forced",
+        type=_at_least_one,
+        default=None,
+        metavar="K",
+        help="teacher-forced calibration: draw a pool of K base-model responses per validation question once "
+        "(<out>/teacher_forced/), score it in float32 with the base model and every checkpoint with Hugging Face "
+        "weights, then prune each finished run's checkpoints to those weights (needs the default config's data, "
+        "trainer.save_freq and hf_model in actor_rollout_ref.actor.checkpoint.save_contents)",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
     return p
 
@@ -148,7 +159,8 @@ class Plan:
         default_model: the model is the SmolLM2 checkpoint, converted on first use.
         settings: what every method shares, recorded in the output folder's marker.
         method_settings: per method, everything that determines its run, recorded in its ``done.json``.
-        max_new_tokens: ``data.max_response_length``, for the held-out evaluation.
+        max_new_tokens: ``data.max_response_length``, for the held-out evaluation and the teacher-forced pool.
+        model_path: ``actor_rollout_ref.model.path``: the base model every run starts from.
     """
 
     config_dir: Path
@@ -158,6 +170,7 @@ class Plan:
     settings: dict
     method_settings: dict[str, dict]
     max_new_tokens: int
+    model_path: Path
 
 
 def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan:
@@ -193,6 +206,9 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
     settings = {"config": args.config, "overrides": overrides, "composed": as_record(base)}
     if data_dir is not None and args.val_questions != MIN_VAL_QUESTIONS:  # recorded when not the default
         settings["val_questions"] = args.val_questions
+    if args.teacher_forced is not None:  # recorded when asked for
+        _check_teacher_forced(base, data_dir)
+        settings["teacher_forced"] = args.teacher_forced
     method_settings = {}
     for m in args.methods:
         own = list(METHODS[m].overrides)
@@ -206,8 +222,31 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
             flush=True,
         )
     return Plan(
-        config_dir, overrides, data_dir, default_model, settings, method_settings, int(base.data.max_response_length)
+        config_dir,
+        overrides,
+        data_dir,
+        default_model,
+        settings,
+        method_settings,
+        int(base.data.max_response_length),
+        Path(str(base.actor_rollout_ref.model.path)),
     )
+
+
+def _check_teacher_forced(cfg, data_dir: Path | None) -> None:
+    """Raises: UsageError unless ``--teacher-forced`` can score checkpoints: the default config's data (the pool is
+    drawn from its validation set), ``trainer.save_freq`` > 0 and ``hf_model`` among the checkpoint's contents."""
+    if data_dir is None:
+        raise UsageError("--teacher-forced draws its pool from the default config's validation data; drop --config")
+    contents = list(cfg.actor_rollout_ref.actor.checkpoint.get("save_contents") or [])
+    if "hf_model" not in contents:
+        raise UsageError(
+            f"--teacher-forced scores Hugging Face weights, but actor_rollout_ref.actor.checkpoint.save_contents is "
+            f"{contents}; add hf_model, e.g. 'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,"
+            "extra,hf_model]'"
+        )
+    if int(cfg.trainer.save_freq) <= 0:
+        raise UsageError(f"--teacher-forced needs checkpoints: trainer.save_freq is {cfg.trainer.save_freq}; set >= 1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,15 +296,21 @@ def main(argv: list[str] | None = None) -> int:
 
             write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=args.val_questions, n_test=64, seed=0)
             eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
+            val_data = plan.data_dir / "gsm8k_calc_val.parquet"
         if plan.default_model:
             from capo_verl.models import smollm2_checkpoint
 
             smollm2_checkpoint()  # converted on first use, into the folder the overrides name
+        pool_dir = None
+        if args.teacher_forced is not None:
+            pool_dir = teacher_forced.make_pool(
+                out, val_data, plan.model_path, k=args.teacher_forced, max_new_tokens=plan.max_new_tokens
+            )
         for k, folder in units.items():
             if k is not None:
                 print(f"[compare] seed {k}: {folder}", flush=True)
             for m in args.methods:
-                run_method(
+                run_dir = run_method(
                     m,
                     folder,
                     args.config,
@@ -273,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                     plans[k].overrides,
                     settings=plans[k].method_settings[m],
                 )
+                if pool_dir is not None:
+                    teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)
             if evaluated:
                 report = evaluate(folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens)
                 print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)

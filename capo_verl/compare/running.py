@@ -48,6 +48,25 @@ def main_ppo_command(config_dir: Path, config_name: str, overrides: list[str]) -
     ] + list(overrides)
 
 
+def code_version() -> dict:
+    """``{"capo_verl": version, "commit": git HEAD of capo-verl's checkout or None, "modified": whether tracked files
+    differ from it (None outside a checkout)}``: the code a run ran, recorded in its ``done.json``."""
+    from capo_verl import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    commit = modified = None
+    if (root / ".git").exists():
+        git = ["git", "-C", str(root)]
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            status = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            )
+            modified = bool(status.stdout.strip())
+    return {"capo_verl": __version__, "commit": commit, "modified": modified}
+
+
 def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
     """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
     paths, then ``overrides`` (shared by every method). ``trainer.resume_mode=auto``: the run's checkpoint folder is
@@ -148,7 +167,14 @@ def run_method(
         )
     attempts = [json.loads(line) for line in (run_dir / ATTEMPTS).read_text().splitlines()]
     wall = sum(a["wall_s"] for a in attempts)
-    record = {"method": method, "wall_s": wall, "attempts": attempts, "command": shlex.join(cmd), "settings": settings}
+    record = {
+        "method": method,
+        "wall_s": wall,
+        "attempts": attempts,
+        "command": shlex.join(cmd),
+        "code": code_version(),
+        "settings": settings,
+    }
     done.write_text(json.dumps(record, indent=1) + "\n")
     print(f"[compare] {method}: done in {wall / 60:.1f} min", flush=True)
     return run_dir
