@@ -145,6 +145,16 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
             ["actor_rollout_ref.rollout.val_kwargs.do_sample=false"],
             "method grpo: capo-verl compare needs sampled validation",
         ),
+        (["--teacher-forced", "0"], "argument --teacher-forced: must be >= 1, got 0"),
+        (
+            ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer]", "--teacher-forced", "8"],
+            "--teacher-forced scores Hugging Face weights, but actor_rollout_ref.actor.checkpoint.save_contents is "
+            "['model', 'optimizer']; add hf_model",
+        ),
+        (
+            ["trainer.save_freq=0", "--teacher-forced", "8"],
+            "--teacher-forced needs checkpoints: trainer.save_freq is 0; set >= 1",
+        ),
     ],
 )
 def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, message):

@@ -2,7 +2,9 @@
 trainer (four launches under capo_verl.launch), per-seed reports and the summary across seeds.
 
 CI-sized: 2 steps of 4 prompts x 4 samples, 16 validation questions x 4 samples at steps 0 and 2, the parity reward
-of tests/conftest.py (half of random text is "correct", so questions are mixed and AUC-mean is defined).
+of tests/conftest.py (half of random text is "correct", so questions are mixed and AUC-mean is defined), and the
+teacher-forced pool (``--teacher-forced 2``: 2 base-model responses per validation question, scored with the base
+model and the checkpoints of steps 1 and 2 of every run).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from capo_verl.compare.outdir import last_checkpoint
+from capo_verl.evaluation.teacher_forced import read_pool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -28,6 +32,7 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
         "--val-questions", "16",
         "--data-dir", str(tmp_path / "data"),
         "--no-eval",
+        "--teacher-forced", "2",
         "--n-boot", "200",
         "--out", str(out),
         f"actor_rollout_ref.model.path={e2e_inputs.model}",
@@ -43,16 +48,30 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
         "actor_rollout_ref.rollout.val_kwargs.n=4",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "trainer.test_freq=2",
+        "trainer.save_freq=1",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "algorithm.capo.ref_high=4.0",
         "algorithm.capo.ref_low=4.0",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
 
+    pool = read_pool(out / "teacher_forced" / "pool.jsonl")
+    assert len(pool) == 16 * 2 and all(r["token_ids"] for r in pool)
+    base = json.loads((out / "teacher_forced" / "step0.json").read_text())
+    assert base["models"]["step0"]["tokens"]["from_token_ids"] == 32 and base["settings"]["dtype"] == "float32"
+    base_lpm = np.load(out / "teacher_forced" / "step0.0.npy")
+    assert base_lpm.shape == (32,) and np.isfinite(base_lpm).all() and (base_lpm < 0).all()
     for k in (0, 1):
         for method in ("grpo", "capo"):
             run = out / f"seed{k}" / method
+            for step in (1, 2):  # every checkpoint scores the same pool; training moved the lpm
+                lpm = np.load(run / "teacher_forced" / f"step{step}.0.npy")
+                assert lpm.shape == (32,) and np.isfinite(lpm).all() and not np.allclose(lpm, base_lpm)
+            assert list(run.rglob("*.pt")) == []  # pruned to the Hugging Face weights, which stay
+            assert len(list(run.glob("ckpt/global_step_*/actor/huggingface/*.safetensors"))) == 2
             done = json.loads((run / "done.json").read_text())
+            assert done["code"]["commit"] and done["settings"]["teacher_forced"] == 2
             composed = done["settings"]["composed"]
             assert composed["data"]["seed"] == k and composed["actor_rollout_ref"]["rollout"]["seed"] == k
             assert [a["start_step"] for a in done["attempts"]] == [0]
