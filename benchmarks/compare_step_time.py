@@ -14,6 +14,8 @@ dropped. Variants (``--variants``, in this order by default):
             (no pad tokens computed); the same log-probs up to kernel rounding
   fp32      the actor's and the reference's FSDP mixed precision in float32 (param, reduce, buffer) instead of bf16
             parameters; vLLM still generates in bf16
+  f32       ``fp32`` + vLLM generating in float32 (``actor_rollout_ref.rollout.dtype=float32``): every pass in
+            float32, for a CPU without bf16 instructions (no avx512_bf16 / amx_bf16), where bf16 matmuls are slower
 
     python benchmarks/compare_step_time.py --method capo --steps 5 --prompts 8 --json out.json
 
@@ -45,15 +47,17 @@ def variant_overrides(name: str, responses: int) -> list[str]:
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={responses}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={responses}",
     ]
+    fp32 = [
+        f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}"
+        for role in ("actor", "ref")
+    ]
     return {
         "base": [],
         "micro": micro,
         "bypass": [*micro, "algorithm.rollout_correction.bypass_mode=true"],
         "packed": ["actor_rollout_ref.model.use_remove_padding=true"],
-        "fp32": [
-            f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}"
-            for role in ("actor", "ref")
-        ],
+        "fp32": fp32,
+        "f32": [*fp32, "actor_rollout_ref.rollout.dtype=float32"],
     }[name]
 
 

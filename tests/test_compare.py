@@ -403,3 +403,74 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     md = (tmp_path / "seeds_summary.md").read_text()
     assert "capo - grpo, at the last pass | +0.625 |" in md
     assert json.loads((tmp_path / "seeds_summary.json").read_text())["steps"]["capo"] == [[0, 30], [0, 30]]
+
+
+def test_seeds_summary_secondary_measures_by_hand(tmp_path):
+    """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k and the last steps' entropy, paired by seed;
+    two seeds, two methods; every number by hand."""
+    from capo_verl.compare.seeds import write_seeds_summary
+
+    up = [(-1.0, True), (-2.0, False), (-3.0, False)]
+    for k in (0, 1):
+        for m in ("grpo", "capo"):
+            for step in (0, 10):
+                _dump(tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl", [("a", *s) for s in up])
+    # the pool: question a (correct T F F), question b (T T F); the base model ranks both perfectly (AUC 1, 1)
+    tf = tmp_path / "teacher_forced"
+    tf.mkdir()
+    pool = [("a", True), ("a", False), ("a", False), ("b", True), ("b", True), ("b", False)]
+    (tf / "pool.jsonl").write_text(
+        "".join(
+            json.dumps({"data_source": "d", "question_id": q, "correct": c, "response": "x"}) + "\n" for q, c in pool
+        )
+    )
+    (tf / "step0.json").write_text("{}")
+    np.save(tf / "step0.0.npy", np.array([-1.0, -2.0, -3.0, -1.0, -2.0, -3.0]))
+    scores = {
+        (0, "grpo"): [-3.0, -2.0, -1.0, -1.0, -2.0, -3.0],  # a: 0, b: 1 -> 0.5
+        (0, "capo"): [-1.0, -2.0, -3.0, -2.0, -1.0, -1.5],  # a: 1, b: (0 + 1) / 2 -> 0.75
+        (1, "grpo"): [-1.0] * 6,  # ties: 0.5, 0.5 -> 0.5
+        (1, "capo"): [-1.0, -2.0, -3.0, -1.0, -2.0, -3.0],  # 1, 1 -> 1.0
+    }
+    # held-out: 2 questions x 4 samples; grpo c = (1, 0), capo c = (2, 1) in both seeds
+    held = {"grpo": (1, 0), "capo": (2, 1)}
+    for (k, m), lpm in scores.items():
+        run = tmp_path / f"seed{k}" / m
+        (run / "teacher_forced").mkdir()
+        np.save(run / "teacher_forced" / "step10.0.npy", np.array(lpm))
+        np.save(run / "teacher_forced" / "step20.partial.0.npy", np.array(lpm))  # a stopped scoring: not a step
+        lines = [
+            {"data_source": "t", "question_id": q, "sample_index": j, "correct": j < held[m][q]}
+            for q in (0, 1)
+            for j in range(4)
+        ]
+        (run / "eval_generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        entropy = [float(s) for s in range(1, 8)] if m == "grpo" else [2.0] * 7  # last 5: mean(3..7) = 5, and 2
+        (run / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s + 1, "data": {"actor/entropy": e}}) + "\n" for s, e in enumerate(entropy))
+        )
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=200)
+    sec = summary["secondary"]
+
+    tf_rows = sec["teacher_forced_auc_mean"]["rows"]
+    assert list(tf_rows) == ["step 10"] and sec["teacher_forced_auc_mean"]["step0"] == pytest.approx(1.0)
+    assert tf_rows["step 10"]["per_seed"] == {"grpo": [0.5, 0.5], "capo": [0.75, 1.0]}
+    diff = tf_rows["step 10"]["differences"]["capo - grpo"]
+    assert diff["per_seed"] == pytest.approx([0.25, 0.5]) and diff["t_interval"]["mean"] == pytest.approx(0.375)
+
+    # pass@k = 1 - C(n - c, k) / C(n, k), n = 4: c = 1 -> 1/4, 1/2, 1; c = 2 -> 1/2, 5/6, 1; c = 1 -> .., c = 0 -> 0
+    pk = sec["heldout_pass_at_k"]["rows"]
+    assert list(pk) == ["pass@1", "pass@2", "pass@4"]
+    assert pk["pass@1"]["per_seed"]["grpo"] == pytest.approx([0.125, 0.125])
+    assert pk["pass@2"]["per_seed"]["capo"] == pytest.approx([(5 / 6 + 0.5) / 2] * 2)
+    assert pk["pass@2"]["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(2 / 3 - 1 / 4)
+    assert pk["pass@4"]["per_seed"] == {"grpo": [0.5, 0.5], "capo": [1.0, 1.0]}
+
+    ent = sec["entropy"]["rows"]["entropy"]
+    assert ent["per_seed"] == {"grpo": [5.0, 5.0], "capo": [2.0, 2.0]}
+    assert ent["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(-3.0)
+
+    md = (tmp_path / "seeds_summary.md").read_text()
+    assert "## teacher-forced AUC-mean (fixed base-model pool, 2 questions)" in md
+    assert "| step 10 | 0.500 | 0.875 | capo - grpo | +0.375 |" in md
+    assert (tmp_path / "seeds_curves.png").stat().st_size > 10_000

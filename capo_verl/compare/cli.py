@@ -161,6 +161,8 @@ class Plan:
         method_settings: per method, everything that determines its run, recorded in its ``done.json``.
         max_new_tokens: ``data.max_response_length``, for the held-out evaluation and the teacher-forced pool.
         model_path: ``actor_rollout_ref.model.path``: the base model every run starts from.
+        dtype: ``actor_rollout_ref.rollout.dtype``: the held-out evaluation and the teacher-forced pool generate in
+            the precision of the training rollout.
     """
 
     config_dir: Path
@@ -171,6 +173,7 @@ class Plan:
     method_settings: dict[str, dict]
     max_new_tokens: int
     model_path: Path
+    dtype: str
 
 
 def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan:
@@ -230,6 +233,7 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         method_settings,
         int(base.data.max_response_length),
         Path(str(base.actor_rollout_ref.model.path)),
+        str(base.actor_rollout_ref.rollout.dtype),
     )
 
 
@@ -304,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         pool_dir = None
         if args.teacher_forced is not None:
             pool_dir = teacher_forced.make_pool(
-                out, val_data, plan.model_path, k=args.teacher_forced, max_new_tokens=plan.max_new_tokens
+                out,
+                val_data,
+                plan.model_path,
+                k=args.teacher_forced,
+                max_new_tokens=plan.max_new_tokens,
+                dtype=plan.dtype,
             )
         for k, folder in units.items():
             if k is not None:
@@ -321,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                 if pool_dir is not None:
                     teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)
             if evaluated:
-                report = evaluate(folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens)
+                report = evaluate(
+                    folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
+                )
                 print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
             elif not args.no_eval:
                 print(

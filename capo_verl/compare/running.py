@@ -197,9 +197,14 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
     )
 
 
-def evaluate(out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_tokens: int) -> Path:
+def evaluate(
+    out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16"
+) -> Path:
     """``capo-verl eval generate`` on every method's final checkpoint (unless its ``eval_done`` exists), then
     ``capo-verl eval score`` on all of them together (``<out>/eval_report``); returns the report folder.
+
+    ``dtype``: the weights' precision in vLLM (compare passes the training rollout's,
+    ``actor_rollout_ref.rollout.dtype``).
 
     Raises:
         FileNotFoundError: a method has no final checkpoint with Hugging Face weights.
@@ -229,7 +234,7 @@ def evaluate(out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_
                 "--seed",
                 "0",
                 "--dtype",
-                "bfloat16",
+                dtype,
                 "--no-progress",
                 "--out",
                 str(target),

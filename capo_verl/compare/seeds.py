@@ -16,21 +16,68 @@ Each comes with the mean over seeds, a Student-t interval over seeds
 (:func:`capo_verl.compare.statistics.seed_t_interval`: seeds are the units; the questions' sampling noise enters
 through the spread between seeds) and a two-level bootstrap interval
 (:func:`capo_verl.compare.statistics.hierarchical_bootstrap_diff`: seeds, then questions within each seed).
+
+Secondary measures, each where its files exist, with the same two intervals (one value per seed: the bootstrap
+resamples seeds only):
+
+- teacher-forced AUC-mean at every scored checkpoint step (``compare --teacher-forced``: the per-question AUC of each
+  checkpoint's lpm of the fixed base-model pool against the pool's correctness;
+  :mod:`capo_verl.compare.teacher_forced`). Every run shares the step-0 scores, so the difference at a step is also
+  the difference of the changes from step 0;
+- held-out unbiased pass@k (k = 1, 2, 4, ... up to the samples per problem; pass@1 is mean@k) of the final
+  checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.metrics.per_group_pass_at_k`);
+- ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps, one value per seed.
+
+``seeds_curves.png`` draws every seed's curve (thin) and their mean (bold) per method: sampled validation
+AUC-mean and accuracy, teacher-forced AUC-mean, entropy.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 
-from capo_verl.compare.report import validation_passes
+from capo_verl.compare.report import read_metrics, series, validation_passes
 from capo_verl.compare.statistics import hierarchical_bootstrap_diff, seed_t_interval
 
 #: per-question measures: name -> (label, index into ValidationPass.per_question())
 MEASURES = {"auc_mean": ("validation AUC-mean", 1), "accuracy": ("validation accuracy (mean@k)", 0)}
+#: ``actor/entropy`` is averaged over this many last logged steps of each run
+ENTROPY_LAST_STEPS = 5
+
+
+def _nanmean(x) -> float:
+    """Mean of the defined (non-NaN) entries of a 1-d array; NaN, without a warning, when there is none."""
+    return _nanmean_rows(np.asarray(x, dtype=np.float64)[None])[0]
+
+
+def _rows(x) -> np.ndarray:
+    """``(S, Q)`` float64: per-seed values ``(S,)`` as one question per seed."""
+    x = np.asarray(x, dtype=np.float64)
+    return x[:, None] if x.ndim == 1 else x
+
+
+def _difference(a, b, *, level: float, n_boot: int) -> dict:
+    """``a - b`` paired by seed (and question): per-seed values, the t-interval over seeds and the two-level
+    bootstrap interval (:mod:`capo_verl.compare.statistics`)."""
+    return {
+        "per_seed": [x - y for x, y in zip(_nanmean_rows(_rows(a)), _nanmean_rows(_rows(b)))],
+        "t_interval": seed_t_interval(a, b, level=level),
+        "hierarchical_bootstrap": hierarchical_bootstrap_diff(a, b, n_boot=n_boot, level=level),
+    }
+
+
+def _defined_difference(a, b, *, level: float, n_boot: int) -> dict:
+    """:func:`_difference`, or ``{"undefined": reason}`` where a seed has no defined value (a secondary measure
+    that cannot be computed does not stop the summary)."""
+    try:
+        return _difference(a, b, level=level, n_boot=n_boot)
+    except ValueError as exc:
+        return {"undefined": str(exc)}
 
 
 def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict:
@@ -104,17 +151,205 @@ def write_seeds_summary(
             a_last, b_last = values[m][measure]["last"], values[base][measure]["last"]
             a_change = a_last - values[m][measure]["first"]
             b_change = b_last - values[base][measure]["first"]
-            entry[measure] = {}
-            for what, (a, b) in (("last", (a_last, b_last)), ("change", (a_change, b_change))):
-                entry[measure][what] = {
-                    "per_seed": [x - y for x, y in zip(_nanmean_rows(a), _nanmean_rows(b))],
-                    "t_interval": seed_t_interval(a, b, level=level),
-                    "hierarchical_bootstrap": hierarchical_bootstrap_diff(a, b, n_boot=n_boot, level=level),
-                }
+            entry[measure] = {
+                what: _difference(a, b, level=level, n_boot=n_boot)
+                for what, (a, b) in (("last", (a_last, b_last)), ("change", (a_change, b_change)))
+            }
         summary["differences"][f"{m} - {base}"] = entry
+    summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
     (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     (out / "seeds_summary.md").write_text(_markdown(summary))
+    seeds_curves(out, methods, seeds)
     return summary
+
+
+# ----------------------------------------------------------------------------------------- secondary measures
+
+
+def teacher_forced_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """Per-question teacher-forced AUC of every run at every step all runs scored: ``{"steps": [0, ...],
+    "n_questions": Q, "values": {method: {step: (S, Q) float64}}}`` (NaN: a question of the pool with one outcome;
+    step 0 is the base model's scores, shared by every run). None without ``<out>/teacher_forced/step0.json``.
+
+    Raises:
+        ValueError: a score file does not match the pool (length), or holds a non-finite lpm.
+    """
+    from capo_verl.compare.teacher_forced import POOL_DIR
+    from capo_verl.evaluation.teacher_forced import question_keys, read_pool
+    from capo_verl.metrics import per_group_auc
+
+    pool_dir = out / POOL_DIR
+    if not (pool_dir / "step0.json").exists():
+        return None
+    pool = read_pool(pool_dir / "pool.jsonl")
+    keys = question_keys(pool)
+    correct = np.array([r["correct"] for r in pool], dtype=bool)
+
+    def auc(npy: Path) -> np.ndarray:
+        lpm = np.load(npy)
+        if lpm.shape != correct.shape:
+            raise ValueError(f"{npy}: {lpm.shape[0]} scores for a pool of {len(pool)} responses")
+        return per_group_auc(lpm, correct, keys)[0]
+
+    scored = [  # step<N>.0.npy; a stopped scoring's step<N>.partial.0.npy is not a score
+        {
+            int(g[1])
+            for p in (out / f"seed{k}" / m / POOL_DIR).glob("step*.0.npy")
+            if (g := re.fullmatch(r"step(\d+)\.0\.npy", p.name))
+        }
+        for k in seeds
+        for m in methods
+    ]
+    steps = [0, *sorted(set.intersection(*scored))] if scored else [0]
+    base = auc(pool_dir / "step0.0.npy")
+    values = {
+        m: {
+            step: np.stack(
+                [base if step == 0 else auc(out / f"seed{k}" / m / POOL_DIR / f"step{step}.0.npy") for k in seeds]
+            )
+            for step in steps
+        }
+        for m in methods
+    }
+    return {"steps": steps, "n_questions": int(len(base)), "values": values}
+
+
+def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """Per-question unbiased pass@k on the held-out set of every run's final checkpoint: ``{"ks": [1, 2, 4, ...],
+    "values": {method: {k: (S, Q) float64}}}`` (questions sorted by key). None unless every run has its
+    ``eval_generations.jsonl``.
+
+    Raises:
+        ValueError: the runs evaluated different questions.
+    """
+    from capo_verl.evaluation.teacher_forced import question_keys
+    from capo_verl.metrics import per_group_pass_at_k
+
+    files = {(k, m): out / f"seed{k}" / m / "eval_generations.jsonl" for k in seeds for m in methods}
+    if not all(f.exists() for f in files.values()):
+        return None
+    per_run, questions, n_min = {}, None, None
+    for key, path in files.items():
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        group = question_keys(lines)
+        correct = np.array([r["correct"] for r in lines], dtype=bool)
+        qs, counts = np.unique(group, return_counts=True)
+        if questions is None:
+            questions = qs
+        elif not np.array_equal(qs, questions):
+            raise ValueError(f"{path}: other held-out questions than {files[next(iter(files))]}")
+        n_min = int(counts.min()) if n_min is None else min(n_min, int(counts.min()))
+        per_run[key] = (correct, group)
+    ks = [2**i for i in range(n_min.bit_length()) if 2**i <= n_min]
+    values = {
+        m: {kk: np.stack([per_group_pass_at_k(*per_run[(k, m)], kk)[0] for k in seeds]) for kk in ks} for m in methods
+    }
+    return {"ks": ks, "n_questions": int(len(questions)), "values": values}
+
+
+def entropy_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """``{method: (S,) float64}``: each run's mean ``actor/entropy`` (nats) over its last
+    :data:`ENTROPY_LAST_STEPS` logged steps; None when a run logged none."""
+    values = {}
+    for m in methods:
+        row = []
+        for k in seeds:
+            _, ys = series(read_metrics(out / f"seed{k}" / m / "metrics.jsonl"), "actor/entropy")
+            if not ys:
+                return None
+            row.append(float(np.mean(ys[-ENTROPY_LAST_STEPS:])))
+        values[m] = np.asarray(row)
+    return values
+
+
+def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level: float, n_boot: int) -> dict:
+    """``{measure: {"label", "rows": {row: {"per_seed": {method: [S floats]}, "differences": {"m - base":
+    _difference}}}}}`` for the secondary measures whose files exist (see the module doc)."""
+    base = methods[0]
+
+    def block(label: str, rows: dict) -> dict:
+        return {
+            "label": label,
+            "rows": {
+                row: {
+                    "per_seed": {m: _nanmean_rows(_rows(by_method[m])) for m in methods},
+                    "differences": {
+                        f"{m} - {base}": _defined_difference(by_method[m], by_method[base], level=level, n_boot=n_boot)
+                        for m in methods[1:]
+                    },
+                }
+                for row, by_method in rows.items()
+            },
+        }
+
+    out_: dict = {}
+    tf = teacher_forced_values(out, methods, seeds)
+    if tf is not None and len(tf["steps"]) > 1:
+        rows = {f"step {st}": {m: tf["values"][m][st] for m in methods} for st in tf["steps"][1:]}
+        out_["teacher_forced_auc_mean"] = block(
+            f"teacher-forced AUC-mean (fixed base-model pool, {tf['n_questions']} questions)", rows
+        )
+        out_["teacher_forced_auc_mean"]["step0"] = _nanmean(tf["values"][base][0][0])
+    held = heldout_values(out, methods, seeds)
+    if held is not None:
+        rows = {f"pass@{kk}": {m: held["values"][m][kk] for m in methods} for kk in held["ks"]}
+        out_["heldout_pass_at_k"] = block(
+            f"held-out pass@k, final checkpoints ({held['n_questions']} questions; pass@1 = mean@k)", rows
+        )
+    ent = entropy_values(out, methods, seeds)
+    if ent is not None:
+        out_["entropy"] = block(f"actor/entropy (nats), mean of the last {ENTROPY_LAST_STEPS} steps", {"entropy": ent})
+    return out_
+
+
+def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
+    """``<out>/seeds_curves.png``: per method, every seed's curve (thin) and their mean over seeds (bold) of the
+    sampled validation AUC-mean and accuracy, the teacher-forced AUC-mean (when scored) and ``actor/entropy``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tf = teacher_forced_values(out, methods, seeds)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = {
+        "sampled validation AUC-mean": axes[0, 0],
+        "validation accuracy (mean@k)": axes[0, 1],
+        "teacher-forced AUC-mean (fixed pool)": axes[1, 0],
+        "actor/entropy (nats)": axes[1, 1],
+    }
+    for i, m in enumerate(methods):
+        color = f"C{i}"
+        curves: dict[str, list] = {name: [] for name in panels}
+        for k in seeds:
+            run = out / f"seed{k}" / m
+            passes = validation_passes(run)
+            per_q = [vp.per_question() for vp in passes]
+            steps = [vp.step for vp in passes]
+            curves["sampled validation AUC-mean"].append((steps, [_nanmean(q[1]) for q in per_q]))
+            curves["validation accuracy (mean@k)"].append((steps, [float(np.mean(q[0])) for q in per_q]))
+            if tf is not None:
+                ys = [_nanmean(tf["values"][m][st][seeds.index(k)]) for st in tf["steps"]]
+                curves["teacher-forced AUC-mean (fixed pool)"].append((tf["steps"], ys))
+            curves["actor/entropy (nats)"].append(series(read_metrics(run / "metrics.jsonl"), "actor/entropy"))
+        for name, ax in panels.items():
+            runs = [(xs, ys) for xs, ys in curves[name] if xs]
+            for xs, ys in runs:
+                ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35)
+            if runs and all(xs == runs[0][0] for xs, _ in runs):
+                ax.plot(runs[0][0], np.mean([ys for _, ys in runs], axis=0), color=color, lw=2.2, label=m)
+    for name, ax in panels.items():
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{len(seeds)} training seed(s): each seed thin, the mean over seeds bold", fontsize=10)
+    fig.tight_layout()
+    path = out / "seeds_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _fmt(x, signed: bool = True) -> str:
@@ -155,6 +390,28 @@ def _markdown(summary: dict) -> str:
                 lines.append(
                     f"| {name}, {text} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | "
                     f"[{_fmt(hb['low'])}, {_fmt(hb['high'])}] | {', '.join(_fmt(v) for v in e['per_seed'])} |"
+                )
+        lines.append("")
+    for block in summary.get("secondary", {}).values():
+        lines += [f"## {block['label']}", ""]
+        if "step0" in block:
+            lines += [f"Step 0 (the base model, shared by every run): {_fmt(block['step0'], False)}.", ""]
+        lines += [
+            "| | " + " | ".join(f"{m}: mean over seeds" for m in methods) + " | difference | mean | t-interval | "
+            "bootstrap interval | per seed |",
+            "|---|" + "---|" * (len(methods) + 5),
+        ]
+        for row, entry in block["rows"].items():
+            means = [_fmt(float(np.mean(entry["per_seed"][m])), False) for m in methods]
+            for name, e in entry["differences"].items():
+                if "undefined" in e:
+                    lines.append(f"| {row} | {' | '.join(means)} | {name} | n/a: {e['undefined']} | | | |")
+                    continue
+                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
+                lines.append(
+                    f"| {row} | {' | '.join(means)} | {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, "
+                    f"{_fmt(t['high'])}] | [{_fmt(hb['low'])}, {_fmt(hb['high'])}] | "
+                    f"{', '.join(_fmt(v) for v in e['per_seed'])} |"
                 )
         lines.append("")
     return "\n".join(lines)

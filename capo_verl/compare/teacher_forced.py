@@ -1,7 +1,7 @@
 """Teacher-forced calibration inside ``capo-verl compare --teacher-forced K``.
 
 Once per output folder, ``capo-verl eval generate`` draws a pool from the base model: ``K`` responses to each
-validation question (temperature 1.0, seed 0, bf16 like the training rollout, token ids kept), with their fixed
+validation question (temperature 1.0, seed 0, in the training rollout's precision, token ids kept), with their fixed
 correctness, in ``<out>/teacher_forced/pool.jsonl``; ``capo-verl eval teacher-forced`` scores it with the base model
 (``<out>/teacher_forced/step0.json``). After a method's training, every checkpoint with Hugging Face weights scores
 the same pool (``<out>[/seed<k>]/<method>/teacher_forced/step<N>.json``, the lpm of every pool line in
@@ -44,9 +44,10 @@ def checkpoints_with_hf(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def make_pool(out: Path, val_data: Path, base_model: Path, *, k: int, max_new_tokens: int) -> Path:
+def make_pool(out: Path, val_data: Path, base_model: Path, *, k: int, max_new_tokens: int, dtype: str) -> Path:
     """Draw the pool (unless ``pool.jsonl`` is complete) and score it with the base model (unless ``step0.json``
-    exists); returns ``<out>/teacher_forced``.
+    exists); returns ``<out>/teacher_forced``. ``dtype``: vLLM's weight precision for the pool (compare passes
+    ``actor_rollout_ref.rollout.dtype``); the scoring is float32 whatever it is.
 
     ``capo-verl eval generate`` resumes a stopped pool itself (its ``.meta.json`` records the settings); its
     completion is marked by ``pool.done``.
@@ -61,7 +62,7 @@ def make_pool(out: Path, val_data: Path, base_model: Path, *, k: int, max_new_to
         _eval(
             "generate", "--model", str(base_model), "--data", str(val_data), "-k", str(k),
             "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", "0",
-            "--dtype", "bfloat16", "--save-token-ids", "--no-progress", "--out", str(pool),
+            "--dtype", dtype, "--save-token-ids", "--no-progress", "--out", str(pool),
         )  # fmt: skip
         (folder / "pool.done").write_text(json.dumps({"k": k, "data": str(val_data)}) + "\n")
     if not (folder / "step0.json").exists():
