@@ -1,0 +1,80 @@
+"""Copy the small outputs of a ``capo-verl compare`` folder into the repository, leaving checkpoints behind.
+
+    python benchmarks/collect_compare.py ~/capo_pilot/out benchmarks/results/compare_decisive_cpu/pilot
+
+Copies every file under SRC except checkpoints (``ckpt/``), Hydra's run folders (``outputs/``), logs (``*.log``),
+the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) and files over ``--max-mb``
+(listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
+attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
+
+
+def _unit_of(rel: Path) -> Path | None:
+    """``seed<k>/<method>`` (or ``<method>``) of a path inside a unit folder, else None."""
+    parts = rel.parts
+    if len(parts) >= 3 and parts[0].startswith("seed"):
+        return Path(*parts[:2])
+    return None
+
+
+def collect(src: Path, dest: Path, *, max_bytes: int) -> tuple[list[Path], list[Path]]:
+    """Copy as described in the module doc; returns ``(copied, left out for size)`` relative paths."""
+    copied, too_big = [], []
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if not path.is_file() or SKIP_DIRS & set(rel.parts[:-1]):
+            continue
+        name = path.name
+        if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
+            continue
+        unit = _unit_of(rel)
+        if (
+            unit is not None
+            and not (src / unit / "done.json").exists()
+            and name
+            not in (
+                ".capo-verl-run.json",
+                "attempts.jsonl",
+            )
+        ):
+            continue
+        if path.stat().st_size > max_bytes:
+            too_big.append(rel)
+            continue
+        target = dest / rel
+        if (
+            target.exists()
+            and target.stat().st_size == path.stat().st_size
+            and target.read_bytes() == path.read_bytes()
+        ):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        copied.append(rel)
+    return copied, too_big
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("src", type=Path, help="the --out folder of capo-verl compare")
+    p.add_argument("dest", type=Path, help="where in the repository")
+    p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
+    args = p.parse_args()
+    copied, too_big = collect(args.src.expanduser(), args.dest, max_bytes=int(args.max_mb * 2**20))
+    for rel in copied:
+        print(f"copied {rel}")
+    for rel in too_big:
+        print(f"left out (over {args.max_mb} MB): {rel}")
+    print(f"{len(copied)} file(s) copied into {args.dest}")
+
+
+if __name__ == "__main__":
+    main()
