@@ -17,11 +17,12 @@ from pathlib import Path
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
 
 
-def _unit_of(rel: Path) -> Path | None:
-    """``seed<k>/<method>`` (or ``<method>``) of a path inside a unit folder, else None."""
-    parts = rel.parts
-    if len(parts) >= 3 and parts[0].startswith("seed"):
-        return Path(*parts[:2])
+def _unit_of(src: Path, rel: Path) -> Path | None:
+    """The method folder (``seed<k>/<method>`` or ``<method>``, marked ``.capo-verl-run.json``) that holds ``rel``,
+    else None."""
+    for depth in (1, 2):
+        if len(rel.parts) > depth and (src / Path(*rel.parts[:depth]) / ".capo-verl-run.json").exists():
+            return Path(*rel.parts[:depth])
     return None
 
 
@@ -35,7 +36,7 @@ def collect(src: Path, dest: Path, *, max_bytes: int) -> tuple[list[Path], list[
         name = path.name
         if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
             continue
-        unit = _unit_of(rel)
+        unit = _unit_of(src, rel)
         if (
             unit is not None
             and not (src / unit / "done.json").exists()
