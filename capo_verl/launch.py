@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from capo_verl.compat import shm
@@ -190,9 +191,21 @@ def run_launched(cmd: list[str], grace_s: float | None = None, **popen_kwargs) -
 
     Ctrl-C in a terminal reaches both this process and the launcher (one process group): here the
     KeyboardInterrupt waits for the launcher to stop the run (a second Ctrl-C makes it kill the run at once), then
-    propagates. ``popen_kwargs`` go to :class:`subprocess.Popen` (``cwd``, ``env``, ``stdout``, ...).
+    propagates. A SIGTERM or SIGHUP sent to this process alone (``kill PID``) is passed on to the launcher and then
+    handled as Ctrl-C (KeyboardInterrupt); and if this process dies anyway (SIGKILL), the launcher gets SIGTERM
+    (Linux ``prctl``), so the run never outlives it. ``popen_kwargs`` go to :class:`subprocess.Popen` (``cwd``,
+    ``env``, ``stdout``, ...).
     """
-    proc = subprocess.Popen(launch_command(cmd, grace_s), **popen_kwargs)
+    proc = subprocess.Popen(launch_command(cmd, grace_s), preexec_fn=_set_parent_death_signal, **popen_kwargs)
+
+    def pass_on(signum, frame):
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
+        previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -200,9 +213,12 @@ def run_launched(cmd: list[str], grace_s: float | None = None, **popen_kwargs) -
             try:
                 proc.wait()
                 break
-            except KeyboardInterrupt:  # the second Ctrl-C: the launcher kills the run at once
+            except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: the launcher kills the run at once
                 continue
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,3 +132,67 @@ def test_launch_needs_a_command():
     out = subprocess.run([sys.executable, "-m", "capo_verl.launch", "--"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "no command" in out.stderr
+
+
+#: a program that trains through run_launched, as capo-verl compare does; prints the stand-in's orphan pid
+COMPARE_LIKE = """
+import sys
+from capo_verl.launch import run_launched
+try:
+    run_launched([sys.executable, "-c", sys.argv[1]], grace_s=5.0)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_sigterm_to_a_program_running_the_launcher_stops_the_run(tmp_path):
+    """``kill PID`` of a program inside run_launched (compare, in the background): the run stops with it."""
+    env = {k: v for k, v in os.environ.items() if k != shm.RUN_ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPARE_LIKE, STAND_IN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        segment, orphan = proc.stdout.readline().split()
+        launcher = [p for p in run_processes(_ledger_of(int(orphan))) if p != int(orphan)]
+        proc.send_signal(signal.SIGTERM)  # this process alone, not its group
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and out.strip() == "stopped", (out, err)
+        assert "SIGTERM: stopping the run" in err
+        deadline = time.monotonic() + 10
+        while _alive(int(orphan)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(int(orphan)) and not any(_alive(p) for p in launcher)
+        assert not os.path.exists(segment)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_program_running_the_launcher_takes_the_run_with_it(tmp_path):
+    """SIGKILL of the program inside run_launched: the launcher gets SIGTERM from the kernel and stops the run."""
+    env = {k: v for k, v in os.environ.items() if k != shm.RUN_ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", COMPARE_LIKE, STAND_IN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        segment, orphan = proc.stdout.readline().split()
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while (_alive(int(orphan)) or os.path.exists(segment)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(int(orphan)) and not os.path.exists(segment)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
