@@ -146,10 +146,10 @@ except KeyboardInterrupt:
 """
 
 
-def test_sigterm_to_a_program_running_the_launcher_stops_the_run(tmp_path):
-    """``kill PID`` of a program inside run_launched (compare, in the background): the run stops with it."""
+def _start_compare_like() -> subprocess.Popen:
+    """:data:`COMPARE_LIKE` running the stand-in, in a session of its own, outside any run."""
     env = {k: v for k, v in os.environ.items() if k != shm.RUN_ENV}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", COMPARE_LIKE, STAND_IN],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -157,6 +157,11 @@ def test_sigterm_to_a_program_running_the_launcher_stops_the_run(tmp_path):
         start_new_session=True,
         env=env,
     )
+
+
+def test_sigterm_to_a_program_running_the_launcher_stops_the_run(tmp_path):
+    """``kill PID`` of a program inside run_launched (compare, in the background): the run stops with it."""
+    proc = _start_compare_like()
     try:
         segment, orphan = proc.stdout.readline().split()
         launcher = [p for p in run_processes(_ledger_of(int(orphan))) if p != int(orphan)]
@@ -176,15 +181,7 @@ def test_sigterm_to_a_program_running_the_launcher_stops_the_run(tmp_path):
 
 def test_a_killed_program_running_the_launcher_takes_the_run_with_it(tmp_path):
     """SIGKILL of the program inside run_launched: the launcher gets SIGTERM from the kernel and stops the run."""
-    env = {k: v for k, v in os.environ.items() if k != shm.RUN_ENV}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", COMPARE_LIKE, STAND_IN],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
+    proc = _start_compare_like()
     try:
         segment, orphan = proc.stdout.readline().split()
         proc.kill()
