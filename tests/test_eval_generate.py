@@ -113,6 +113,7 @@ def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, t
     assert by_q == {10: [0, 1, 2, 3], 11: [0, 1, 2, 3], 12: [0, 1, 2, 3]}
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     assert meta["backend"] == "vllm" and meta["model"] == "smollm2" and meta["k"] == 4
+    assert meta["dtype"] == engine.dtype == "bfloat16"  # dtype="auto" on CPU
     assert meta["temperature"] == temperature and meta["top_p"] == top_p
 
 
@@ -310,7 +311,7 @@ def test_cpu_environment(monkeypatch):
 class _CannedBackend:
     """Stands in for the engine where only the file handling is under test."""
 
-    name, model_name = "vllm", "canned"
+    name, model_name, dtype = "vllm", "canned", "float32"
 
     def sample_many(self, problems, settings, seeds):
         return [[G.Sample([5, 2], "2", [-0.5, -0.25], truncated=False)] * settings.k for _ in problems]
@@ -332,6 +333,14 @@ def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
         G.generate(
             problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
         )
+    # a file sampled in another precision, or before the dtype was recorded, is not resumed in this one
+    for old_dtype in ({"dtype": "bfloat16"}, {}):
+        stored = {key: v for key, v in meta.items() if key != "dtype"} | old_dtype
+        (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps(stored))
+        with pytest.raises(ValueError, match=f"dtype: file has {old_dtype.get('dtype')!r}, asked 'float32'"):
+            G.generate(
+                problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+            )
     foreign = tmp_path / "notes.jsonl"
     foreign.write_text("hello\n")
     with pytest.raises(ValueError, match="exists without its notes.jsonl.meta.json"):

@@ -64,7 +64,7 @@ LINE_FIELDS = (
 )
 
 #: Settings a resumed run must share with the run that started the file.
-RESUME_KEYS = ("model", "backend", "k", "temperature", "top_p", "max_new_tokens", "seed")
+RESUME_KEYS = ("model", "backend", "dtype", "k", "temperature", "top_p", "max_new_tokens", "seed")
 
 
 # ----------------------------------------------------------------------------------------------- problems
@@ -637,7 +637,8 @@ def generate(
     Args:
         problems: what to evaluate (:func:`load_problems`).
         backend: a :class:`VLLMBackend` (or anything with ``name``, ``model_name`` and
-            ``sample_many(problems, settings, seeds)``).
+            ``sample_many(problems, settings, seeds)``; its ``dtype``, if it has one, is recorded and must match
+            on resume).
         settings: k, temperature, top_p, max_new_tokens, seed.
         out: JSONL output path; its settings go to ``<out>.meta.json``. Rerunning resumes.
         scorer: reward with verl's ``compute_score`` signature returning ``pred`` and ``acc``;
@@ -654,13 +655,20 @@ def generate(
         ``responses``, ``tokens``, ``wall_s``, ``tokens_per_s``.
 
     Raises:
-        ValueError: ``out`` holds a run with other settings, or is not a generation file.
+        ValueError: ``out`` holds a run with other settings (a file written before the dtype was recorded
+            counts as another dtype), or is not a generation file.
     """
     from tqdm.auto import tqdm
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"model": backend.model_name, "backend": backend.name, **dataclasses.asdict(settings)}
+    # the dtype the engine computes in: a resumed file must not mix precisions (None: a backend without one)
+    meta = {
+        "model": backend.model_name,
+        "backend": backend.name,
+        "dtype": getattr(backend, "dtype", None),
+        **dataclasses.asdict(settings),
+    }
     meta = _check_meta(out, meta, overwrite)
     meta_path(out).write_text(json.dumps(meta, indent=2) + "\n")  # first: a killed run stays resumable
     done = read_finished(out, settings.k)
