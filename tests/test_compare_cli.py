@@ -155,6 +155,10 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
             ["trainer.save_freq=0", "--teacher-forced", "8"],
             "--teacher-forced needs checkpoints: trainer.save_freq is 0; set >= 1",
         ),
+        (  # overrides on both sides of an option are all read (the model path stands before it)
+            ["--teacher-forced", "8", "trainer.save_freq=0"],
+            "--teacher-forced needs checkpoints: trainer.save_freq is 0; set >= 1",
+        ),
     ],
 )
 def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, message):

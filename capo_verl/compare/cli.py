@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     130 (stopped by Ctrl-C: the same command goes on)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        # intermixed: Hydra overrides may stand before, between and after the options
+        args = build_parser().parse_intermixed_args(argv)
         out = Path(args.out).expanduser().resolve()
         if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
             raise UsageError(f"--seeds lists a seed more than once: {','.join(map(str, args.seeds))}")
