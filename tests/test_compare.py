@@ -359,6 +359,46 @@ def _dump(path: Path, rows: list[tuple[str, float, bool]]) -> None:
     path.write_text("".join(json.dumps({"input": q, "lpm": lpm, "acc": float(c)}) + "\n" for q, lpm, c in rows))
 
 
+def test_the_plans_reading_of_an_interval():
+    """docs/compare.md, "Reading the primary endpoint": above/below 0 first, then inside [-0.03, 0.03]."""
+    from capo_verl.compare.statistics import read_interval
+
+    assert read_interval(0.001, 0.2) == "above 0"
+    assert read_interval(0.005, 0.025) == "above 0"  # excludes 0, even inside the margin
+    assert read_interval(-0.2, -0.001) == "below 0"
+    assert read_interval(-0.03, 0.03) == read_interval(-0.01, 0.02) == "inside the margin"
+    assert read_interval(-0.031, 0.02) == read_interval(-0.01, 0.05) == read_interval(0.0, 0.04) == "no decision"
+    assert read_interval(float("nan"), float("nan")) == "no decision"  # one seed: no t-interval
+    assert read_interval(-0.05, 0.05, margin=0.05) == "inside the margin"
+    with pytest.raises(ValueError, match="low 0.1 > high 0.0"):
+        read_interval(0.1, 0.0)
+    with pytest.raises(ValueError, match="margin must be > 0"):
+        read_interval(0.0, 0.1, margin=0.0)
+
+
+def test_seeds_for_a_half_width_by_hand():
+    """The plan's sizing rule: the smallest n with t_{0.975, n-1} * sd / sqrt(n) <= h (t from tables)."""
+    from capo_verl.compare.statistics import seeds_for_half_width
+
+    # sd 0.05, h 0.03: n = 13 gives 2.178813 * 0.05 / sqrt(13) = 0.03021 > h; n = 14 gives 2.160369 * 0.05 /
+    # sqrt(14) = 0.02887 <= h
+    assert 2.178813 * 0.05 / np.sqrt(13) > 0.03 >= 2.160369 * 0.05 / np.sqrt(14)
+    assert seeds_for_half_width(0.05, 0.03) == 14
+    # sd 0.03, h 0.03: n = 6 gives 2.570582 / sqrt(6) = 1.0494 > 1; n = 7 gives 2.446912 / sqrt(7) = 0.9248
+    assert seeds_for_half_width(0.03, 0.03) == 7
+    # 90%: n = 5 gives 2.131847 / sqrt(5) = 0.9534 <= 1, n = 4 gives 2.353363 / 2 > 1
+    assert seeds_for_half_width(0.03, 0.03, level=0.9) == 5
+    assert seeds_for_half_width(0.0, 0.03) == 2
+    assert seeds_for_half_width(float("nan"), 0.03) is None  # one seed: no spread measured
+    assert seeds_for_half_width(1.0, 0.03, max_seeds=100) is None
+    # large n: close to the normal approximation (1.96 / 0.03)^2 = 4268.3, a little above it
+    assert 4269 <= seeds_for_half_width(1.0, 0.03) <= 4275
+    with pytest.raises(ValueError, match="half_width must be > 0"):
+        seeds_for_half_width(0.1, 0.0)
+    with pytest.raises(ValueError, match="sd must be >= 0"):
+        seeds_for_half_width(-0.1, 0.03)
+
+
 def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     """Two seeds, two methods, two questions of 3 samples each, validated at steps 0 and 30; every number by hand."""
     from capo_verl.compare.seeds import write_seeds_summary
@@ -400,8 +440,19 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     # accuracy: every question 1/3 except `solved` (1): seed 1 capo last (1/3 + 1)/2 vs grpo last 1/3
     acc = summary["differences"]["capo - grpo"]["accuracy"]["last"]
     assert acc["per_seed"] == pytest.approx([0.0, 1 / 3])
+    # the primary endpoint (AUC-mean at the last pass): [0.625, 0.625] lies above 0; sd 0 reaches any half-width
+    # with the fewest seeds the t-interval has (2); accuracy is not lower
+    assert summary["primary"]["capo - grpo"] == {
+        "reading": "above 0",
+        "half_width": 0.0,
+        "sd": 0.0,
+        "seeds_needed": 2,
+        "accuracy_lower": False,
+        "margin": 0.03,
+    }
     md = (tmp_path / "seeds_summary.md").read_text()
     assert "capo - grpo, at the last pass | +0.625 |" in md
+    assert "| capo - grpo | +0.625 | [+0.625, +0.625] | above 0 (margin 0.03) | 0.000 | 0.000 | 2 | no |" in md
     assert json.loads((tmp_path / "seeds_summary.json").read_text())["steps"]["capo"] == [[0, 30], [0, 30]]
 
 

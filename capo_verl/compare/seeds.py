@@ -42,12 +42,20 @@ from pathlib import Path
 import numpy as np
 
 from capo_verl.compare.report import read_metrics, series, validation_passes
-from capo_verl.compare.statistics import hierarchical_bootstrap_diff, seed_t_interval
+from capo_verl.compare.statistics import (
+    EQUIVALENCE_MARGIN,
+    hierarchical_bootstrap_diff,
+    read_interval,
+    seed_t_interval,
+    seeds_for_half_width,
+)
 
 #: per-question measures: name -> (label, index into ValidationPass.per_question())
 MEASURES = {"auc_mean": ("validation AUC-mean", 1), "accuracy": ("validation accuracy (mean@k)", 0)}
 #: ``actor/entropy`` is averaged over this many last logged steps of each run
 ENTROPY_LAST_STEPS = 5
+#: accuracy at the last pass below this (t-interval's high end) qualifies a calibration result (docs/compare.md)
+ACCURACY_DROP = -0.02
 
 
 def _nanmean(x) -> float:
@@ -156,11 +164,38 @@ def write_seeds_summary(
                 for what, (a, b) in (("last", (a_last, b_last)), ("change", (a_change, b_change)))
             }
         summary["differences"][f"{m} - {base}"] = entry
+    summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
     summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
     (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     (out / "seeds_summary.md").write_text(_markdown(summary))
     seeds_curves(out, methods, seeds)
     return summary
+
+
+def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MARGIN) -> dict:
+    """The plan's reading of the primary endpoint (docs/compare.md, "Reading the primary endpoint" and "Sizing"):
+    the validation AUC-mean at the last pass, method minus base, with its Student-t interval over seeds.
+
+    Args:
+        entry: one ``summary["differences"][name]`` of :func:`write_seeds_summary`.
+        level: the interval's coverage. margin: AUC-mean margin (0.03).
+
+    Returns:
+        ``{"reading"}`` (:func:`capo_verl.compare.statistics.read_interval` of the t-interval), ``"half_width"``
+        reached, between-seed ``"sd"``, ``"seeds_needed"`` for a half-width of ``margin`` at that sd (None with
+        one seed), ``"accuracy_lower"`` (the accuracy t-interval at the last pass lies below
+        :data:`ACCURACY_DROP`), and ``"margin"``.
+    """
+    t = entry["auc_mean"]["last"]["t_interval"]
+    acc = entry["accuracy"]["last"]["t_interval"]
+    return {
+        "reading": read_interval(t["low"], t["high"], margin=margin),
+        "half_width": (t["high"] - t["low"]) / 2.0,
+        "sd": t["sd"],
+        "seeds_needed": seeds_for_half_width(t["sd"], margin, level=level),
+        "accuracy_lower": bool(acc["high"] < ACCURACY_DROP),
+        "margin": margin,
+    }
 
 
 # ----------------------------------------------------------------------------------------- secondary measures
@@ -369,6 +404,26 @@ def _markdown(summary: dict) -> str:
         "resamples).",
         "",
     ]
+    lines += [
+        f"## Primary endpoint: validation AUC-mean at the last pass ({pct} t-interval over seeds)",
+        "",
+        "Read as fixed in docs/compare.md before the decisive comparison ran: above 0, below 0, inside the margin "
+        "(no difference as large as the margin), or no decision. The seeds needed are those at which the "
+        "t-interval's half-width reaches the margin, at the spread between seeds measured here.",
+        "",
+        "| difference | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin | "
+        "accuracy clearly lower |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in summary.get("primary", {}).items():
+        t = summary["differences"][name]["auc_mean"]["last"]["t_interval"]
+        lines.append(
+            f"| {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | {p['reading']} "
+            f"(margin {p['margin']:g}) | {_fmt(p['half_width'], False)} | {_fmt(p['sd'], False)} | "
+            f"{p['seeds_needed'] if p['seeds_needed'] is not None else 'n/a'} | "
+            f"{'yes' if p['accuracy_lower'] else 'no'} |"
+        )
+    lines.append("")
     for measure, (label, _) in MEASURES.items():
         lines += [f"## {label}", "", "| seed | " + " | ".join(f"{m}: first -> last" for m in methods) + " |"]
         lines.append("|---|" + "---|" * len(methods))

@@ -1,12 +1,15 @@
 """Statistics of ``capo-verl compare``: per-question AUC-mean and accuracy of a validation pass, with percentile
 bootstrap intervals over questions; the difference of two methods resamples the same questions for both (paired).
 Across training seeds, a paired difference with a two-level bootstrap (seeds, then questions within each seed) and a
-Student-t interval over seeds (:func:`hierarchical_bootstrap_diff`, :func:`seed_t_interval`, :func:`t_quantile`)."""
+Student-t interval over seeds (:func:`hierarchical_bootstrap_diff`, :func:`seed_t_interval`, :func:`t_quantile`),
+the decisive comparison's reading of an interval and its sizing rule (:func:`read_interval`,
+:func:`seeds_for_half_width`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -330,3 +333,61 @@ def hierarchical_bootstrap_diff(
         return out | {"low": float("nan"), "high": float("nan")}
     alpha = (1.0 - level) / 2.0
     return out | {"low": float(np.quantile(stats, alpha)), "high": float(np.quantile(stats, 1.0 - alpha))}
+
+
+#: the decisive comparison's margin of AUC-mean (docs/compare.md, "Reading the primary endpoint")
+EQUIVALENCE_MARGIN = 0.03
+
+
+def read_interval(low: float, high: float, *, margin: float = EQUIVALENCE_MARGIN) -> str:
+    """The plan's reading of an interval ``[low, high]`` of a difference (method minus base), in this order:
+
+    - ``"above 0"`` if ``low > 0``; ``"below 0"`` if ``high < 0``;
+    - ``"inside the margin"`` if ``-margin <= low`` and ``high <= margin`` (no difference as large as the margin);
+    - ``"no decision"`` otherwise, and for an undefined (NaN) interval, e.g. of a single seed.
+
+    Source: docs/compare.md, "Reading the primary endpoint" (fixed before the decisive comparison's runs).
+
+    Raises:
+        ValueError: ``margin`` not > 0, or ``low > high``.
+    """
+    if not margin > 0:
+        raise ValueError(f"read_interval: margin must be > 0, got {margin}")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "no decision"
+    if low > high:
+        raise ValueError(f"read_interval: low {low} > high {high}")
+    if low > 0:
+        return "above 0"
+    if high < 0:
+        return "below 0"
+    if -margin <= low and high <= margin:
+        return "inside the margin"
+    return "no decision"
+
+
+def seeds_for_half_width(sd: float, half_width: float, *, level: float = 0.95, max_seeds: int = 10_000) -> int | None:
+    """Smallest number of seeds ``n >= 2`` whose Student-t half-width ``t_{(1+level)/2, n-1} * sd / sqrt(n)``
+    (:func:`seed_t_interval`) is at most ``half_width``, for a between-seed standard deviation ``sd`` of the paired
+    difference (the plan's sizing rule, docs/compare.md "Sizing").
+
+    Returns:
+        int, or None when ``sd`` is NaN (fewer than two seeds measured) or ``max_seeds`` do not reach it.
+
+    Raises:
+        ValueError: ``sd < 0``, ``half_width <= 0``, ``level`` outside (0, 1).
+    """
+    level = _check_level(level)
+    if not half_width > 0:
+        raise ValueError(f"seeds_for_half_width: half_width must be > 0, got {half_width}")
+    if not math.isfinite(sd):
+        return None
+    if sd < 0:
+        raise ValueError(f"seeds_for_half_width: sd must be >= 0, got {sd}")
+    q = 0.5 + level / 2.0
+    # t_q(n - 1) > z_q, so no n below (z_q * sd / half_width)^2 reaches it: start there
+    start = max(2, math.floor((NormalDist().inv_cdf(q) * sd / half_width) ** 2))
+    for n in range(start, max_seeds + 1):
+        if t_quantile(q, n - 1) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
