@@ -359,6 +359,40 @@ def _dump(path: Path, rows: list[tuple[str, float, bool]]) -> None:
     path.write_text("".join(json.dumps({"input": q, "lpm": lpm, "acc": float(c)}) + "\n" for q, lpm, c in rows))
 
 
+def test_two_step0_passes_are_compared_response_by_response(tmp_path):
+    """Seed 0: capo's step-0 pass shares 2 of 3 responses of question a and, as multisets, 2 of 3 of question b
+    (p p q vs p q q) with grpo's: 4 / 6; seed 1: the same responses: 1. AUC-mean and accuracy of each pass by hand."""
+    from capo_verl.compare.seeds import step0_agreement, write_seeds_summary
+
+    def dump(path, rows):  # (question, output, lpm, correct)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "".join(json.dumps({"input": q, "output": o, "lpm": lp, "acc": float(c)}) + "\n" for q, o, lp, c in rows)
+        )
+
+    grpo = [("a", "x", -1.0, True), ("a", "y", -2.0, False), ("a", "z", -3.0, False)]
+    grpo += [("b", "p", -1.0, True), ("b", "p", -1.0, True), ("b", "q", -2.0, True)]
+    capo = [("a", "w", -0.5, False), ("a", "x", -1.0, True), ("a", "y", -2.0, False)]  # AUC of a: (0 + 1) / 2
+    capo += [("b", "q", -2.0, True), ("b", "p", -1.0, True), ("b", "q", -2.0, True)]
+    for k, (g, c) in {0: (grpo, capo), 1: (grpo, grpo)}.items():
+        for m, rows in (("grpo", g), ("capo", c)):
+            for step in (0, 30):
+                dump(tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl", rows)
+    result = step0_agreement(tmp_path, ["grpo", "capo"], [0, 1])
+    e = result["capo - grpo"]
+    assert e["identical_fraction"] == pytest.approx([4 / 6, 1.0])
+    assert e["auc_mean"] == {"base": [1.0, 1.0], "method": [0.5, 1.0]}  # b is not mixed
+    assert e["accuracy"]["base"] == e["accuracy"]["method"] == pytest.approx([2 / 3, 2 / 3])
+    write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=50)
+    md = (tmp_path / "seeds_summary.md").read_text()
+    assert "| capo - grpo | 0 | 66.7% | 1.000, 0.500 | 0.667, 0.667 |" in md
+    # without the response texts (an older dump) or a step-0 pass there is nothing to compare
+    _dump(tmp_path / "seed1" / "capo" / "val_generations" / "0.jsonl", [("a", -1.0, True)])
+    assert step0_agreement(tmp_path, ["grpo", "capo"], [0, 1]) is None
+    (tmp_path / "seed1" / "capo" / "val_generations" / "0.jsonl").unlink()
+    assert step0_agreement(tmp_path, ["grpo", "capo"], [0, 1]) is None
+
+
 def test_the_plans_reading_of_an_interval():
     """docs/compare.md, "Reading the primary endpoint": above/below 0 first, then inside [-0.03, 0.03]."""
     from capo_verl.compare.statistics import read_interval

@@ -28,6 +28,9 @@ resamples seeds only):
   checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.metrics.per_group_pass_at_k`);
 - ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps, one value per seed.
 
+The two step-0 passes of a seed (every method validates the same base weights with the same rollout seeds) are
+compared as a measure of the engine's pass-to-pass noise (:func:`step0_agreement`).
+
 ``seeds_curves.png`` draws every seed's curve (thin) and their mean (bold) per method: sampled validation
 AUC-mean and accuracy, teacher-forced AUC-mean, entropy.
 """
@@ -166,6 +169,7 @@ def write_seeds_summary(
         summary["differences"][f"{m} - {base}"] = entry
     summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
     summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
+    summary["step0_agreement"] = step0_agreement(out, methods, seeds)
     (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     (out / "seeds_summary.md").write_text(_markdown(summary))
     seeds_curves(out, methods, seeds)
@@ -196,6 +200,61 @@ def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MA
         "accuracy_lower": bool(acc["high"] < ACCURACY_DROP),
         "margin": margin,
     }
+
+
+# ----------------------------------------------------------------------------------------- step-0 agreement
+
+
+def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """How far two validation passes of the same weights agree: every method of a seed validates step 0 with the
+    base model and the same rollout seeds, so their step-0 passes differ only by the engine's numerics (batching,
+    rounding). Per seed and method other than the first (``base``): the fraction of responses the base's step-0 pass
+    also produced for the same question (multiset overlap of the response texts per question, divided by the
+    samples, so the order of the samples does not matter), and both passes' AUC-mean and accuracy.
+
+    Returns:
+        ``{"m - base": {"identical_fraction": [S], "auc_mean": {"base": [S], "method": [S]}, "accuracy": {...}}}``,
+        or None unless every run of every seed has a ``val_generations/0.jsonl`` with the response texts
+        (``output``).
+    """
+    from collections import Counter
+
+    from capo_verl.compare.report import read_validation_pass
+
+    def texts(path: Path) -> dict[str, Counter] | None:
+        by_q: dict[str, Counter] = {}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "output" not in row:
+                    return None
+                by_q.setdefault(str(row["input"]), Counter())[row["output"]] += 1
+        return by_q
+
+    files = {(k, m): out / f"seed{k}" / m / "val_generations" / "0.jsonl" for k in seeds for m in methods}
+    if not all(f.exists() for f in files.values()):
+        return None
+    base, result = methods[0], {}
+    for m in methods[1:]:
+        entry: dict = {
+            "identical_fraction": [],
+            "auc_mean": {"base": [], "method": []},
+            "accuracy": {"base": [], "method": []},
+        }
+        for k in seeds:
+            a, b = texts(files[(k, base)]), texts(files[(k, m)])
+            if a is None or b is None:
+                return None
+            if set(a) != set(b):
+                raise ValueError(f"seed {k}: {base} and {m} validated other questions at step 0")
+            same = sum(sum((a[q] & b[q]).values()) for q in a)
+            entry["identical_fraction"].append(same / sum(sum(c.values()) for c in a.values()))
+            for who, run in (("base", base), ("method", m)):
+                acc, auc = read_validation_pass(files[(k, run)]).per_question()
+                entry["auc_mean"][who].append(_nanmean(auc))
+                entry["accuracy"][who].append(float(np.mean(acc)))
+        result[f"{m} - {base}"] = entry
+    return result
 
 
 # ----------------------------------------------------------------------------------------- secondary measures
@@ -445,6 +504,26 @@ def _markdown(summary: dict) -> str:
                 lines.append(
                     f"| {name}, {text} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | "
                     f"[{_fmt(hb['low'])}, {_fmt(hb['high'])}] | {', '.join(_fmt(v) for v in e['per_seed'])} |"
+                )
+        lines.append("")
+    agreement = summary.get("step0_agreement")
+    if agreement:
+        lines += [
+            "## Two step-0 validation passes of the same weights",
+            "",
+            "Every method of a seed validates the base model at step 0 with the same rollout seeds: the passes differ "
+            "only by the engine's numerics. Identical: the share of responses the first method's pass also produced "
+            "for the same question.",
+            "",
+            "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
+            "|---|---|---|---|---|",
+        ]
+        for name, e in agreement.items():
+            for i, k in enumerate(seeds):
+                lines.append(
+                    f"| {name} | {k} | {100 * e['identical_fraction'][i]:.1f}% | "
+                    f"{_fmt(e['auc_mean']['base'][i], False)}, {_fmt(e['auc_mean']['method'][i], False)} | "
+                    f"{_fmt(e['accuracy']['base'][i], False)}, {_fmt(e['accuracy']['method'][i], False)} |"
                 )
         lines.append("")
     for block in summary.get("secondary", {}).values():
