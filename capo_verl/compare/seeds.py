@@ -429,9 +429,10 @@ def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
         for name, ax in panels.items():
             runs = [(xs, ys) for xs, ys in curves[name] if xs]
             for xs, ys in runs:
-                ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35)
+                ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35, marker=_marker(xs), ms=3)
             if runs and all(xs == runs[0][0] for xs, _ in runs):
-                ax.plot(runs[0][0], np.mean([ys for _, ys in runs], axis=0), color=color, lw=2.2, label=m)
+                mean = np.mean([ys for _, ys in runs], axis=0)
+                ax.plot(runs[0][0], mean, color=color, lw=2.2, label=m, marker=_marker(runs[0][0]), ms=5)
     for name, ax in panels.items():
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("training step")
@@ -444,6 +445,12 @@ def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _marker(xs) -> str | None:
+    """A dot on every measured step where there are few (validation and teacher-forced scoring at a few steps), so
+    that a straight line between two of them is not read as measured in between."""
+    return "o" if len(xs) <= 10 else None
 
 
 def _fmt(x, signed: bool = True) -> str:
