@@ -210,16 +210,17 @@ def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | N
     base model and the same rollout seeds, so their step-0 passes differ only by the engine's numerics (batching,
     rounding). Per seed and method other than the first (``base``): the fraction of responses the base's step-0 pass
     also produced for the same question (multiset overlap of the response texts per question, divided by the
-    samples, so the order of the samples does not matter), and both passes' AUC-mean and accuracy.
+    samples, so the order of the samples does not matter). Each pass's AUC-mean and accuracy are the ``first``
+    values of :func:`write_seeds_summary`'s ``per_seed``.
 
     Returns:
-        ``{"m - base": {"identical_fraction": [S], "auc_mean": {"base": [S], "method": [S]}, "accuracy": {...}}}``,
-        or None unless every run of every seed has a ``val_generations/0.jsonl`` with the response texts
-        (``output``).
+        ``{"m - base": [S] identical fractions in [0, 1]}``, or None unless every run of every seed has a
+        ``val_generations/0.jsonl`` with the response texts (``output``).
+
+    Raises:
+        ValueError: two step-0 passes of a seed validated other questions (not the same validation set).
     """
     from collections import Counter
-
-    from capo_verl.compare.report import read_validation_pass
 
     def texts(path: Path) -> dict[str, Counter] | None:
         by_q: dict[str, Counter] = {}
@@ -234,26 +235,18 @@ def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | N
     files = {(k, m): out / f"seed{k}" / m / "val_generations" / "0.jsonl" for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):
         return None
-    base, result = methods[0], {}
+    passes = {key: texts(path) for key, path in files.items()}
+    if any(p is None for p in passes.values()):
+        return None
+    result = {}
     for m in methods[1:]:
-        entry: dict = {
-            "identical_fraction": [],
-            "auc_mean": {"base": [], "method": []},
-            "accuracy": {"base": [], "method": []},
-        }
+        result[f"{m} - {methods[0]}"] = fractions = []
         for k in seeds:
-            a, b = texts(files[(k, base)]), texts(files[(k, m)])
-            if a is None or b is None:
-                return None
+            a, b = passes[(k, methods[0])], passes[(k, m)]
             if set(a) != set(b):
-                raise ValueError(f"seed {k}: {base} and {m} validated other questions at step 0")
+                raise ValueError(f"seed {k}: {methods[0]} and {m} validated other questions at step 0")
             same = sum(sum((a[q] & b[q]).values()) for q in a)
-            entry["identical_fraction"].append(same / sum(sum(c.values()) for c in a.values()))
-            for who, run in (("base", base), ("method", m)):
-                acc, auc = read_validation_pass(files[(k, run)]).per_question()
-                entry["auc_mean"][who].append(_nanmean(auc))
-                entry["accuracy"][who].append(float(np.mean(acc)))
-        result[f"{m} - {base}"] = entry
+            fractions.append(same / sum(sum(c.values()) for c in a.values()))
     return result
 
 
@@ -525,13 +518,13 @@ def _markdown(summary: dict) -> str:
             "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
             "|---|---|---|---|---|",
         ]
-        for name, e in agreement.items():
+        per = summary["per_seed"]  # the first pass is the step-0 pass these files hold
+        for m in methods[1:]:
+            name = f"{m} - {methods[0]}"
             for i, k in enumerate(seeds):
-                lines.append(
-                    f"| {name} | {k} | {100 * e['identical_fraction'][i]:.1f}% | "
-                    f"{_fmt(e['auc_mean']['base'][i], False)}, {_fmt(e['auc_mean']['method'][i], False)} | "
-                    f"{_fmt(e['accuracy']['base'][i], False)}, {_fmt(e['accuracy']['method'][i], False)} |"
-                )
+                fractions = agreement[name]
+                auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
+                lines.append(f"| {name} | {k} | {100 * fractions[i]:.1f}% | {', '.join(auc)} | {', '.join(acc)} |")
         lines.append("")
     for block in summary.get("secondary", {}).values():
         lines += [f"## {block['label']}", ""]
