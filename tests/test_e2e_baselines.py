@@ -85,9 +85,17 @@ def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsd
         if w:
             assert data["cde/bonus_mean"] > 0
             assert 0.0 < data["cde/shaped_bonus_mean"] <= 1.0 / 3.0 + 1e-6  # w * min(1/kappa, B), w = 1, kappa = 3
-        for key in ("capo/auc_mean", "capo/mixed_group_frac", "capo/adv_abs_mean"):
+        for key in ("capo/mixed_group_frac", "capo/adv_abs_mean"):
             assert key in data and math.isfinite(data[key]), (step, key)
+        # AUC-mean is defined on mixed groups only: logged when the step has one, left out when it has none
+        # (4 groups of 4 from the tiny model: a step without a mixed group happens)
+        if data["capo/mixed_group_frac"] > 0:
+            assert 0.0 <= data["capo/auc_mean"] <= 1.0, (step, data["capo/auc_mean"])
+        else:
+            assert "capo/auc_mean" not in data, (step, data["capo/auc_mean"])
         assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
         check_simko(step, data)
-    # a mixed group in one of the two steps gives smoothed tokens (correct responses with A > 0)
-    assert any(run.steps[step]["actor/simko/smoothed_frac"] > 0 for step in trained), run.steps
+    # a mixed group gives smoothed tokens (correct responses with A > 0); a step without one has none to smooth
+    mixed = [step for step in trained if run.steps[step]["capo/mixed_group_frac"] > 0]
+    if mixed:
+        assert any(run.steps[step]["actor/simko/smoothed_frac"] > 0 for step in mixed), run.steps
