@@ -52,6 +52,7 @@ def run_cli(*args: str, cwd: Path, command: tuple[str, ...] | None = None) -> su
         with (
             mock.patch.object(cli, "run_method", run_method_if_done),
             mock.patch.object(cli, "evaluate", no_evaluation),
+            mock.patch.object(cli, "generate_heldout", no_evaluation),
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(err),
         ):
@@ -348,3 +349,74 @@ def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_meth
             other = plain.method_settings[method]["composed"]
             changed = {path for path, _, _ in differences(other, composed)}
             assert changed == {"data.seed", "actor_rollout_ref.rollout.seed"}, changed
+
+
+def _hf_checkpoint(run: Path, step: int) -> Path:
+    hf = run / "ckpt" / f"global_step_{step}" / "actor" / "huggingface"
+    hf.mkdir(parents=True)
+    (hf / "model.safetensors").write_bytes(b"w")
+    return hf
+
+
+def test_held_out_generations_are_made_once_from_the_final_weights_and_then_need_no_checkpoint(tmp_path):
+    from capo_verl.compare import generate_heldout, running
+
+    run = tmp_path / "capo"
+    _hf_checkpoint(run, 15)
+    final = _hf_checkpoint(run, 30)
+    (run / "done.json").write_text("{}")
+    calls = []
+    with mock.patch.object(running.subprocess, "run", lambda cmd, **kw: calls.append(cmd)):
+        target = generate_heldout(run, tmp_path / "test.parquet", k=8, max_new_tokens=48, dtype="float32")
+        assert target == run / "eval_generations.jsonl" and len(calls) == 1
+        cmd = calls[0]
+        assert cmd[cmd.index("--model") + 1] == str(final) and cmd[cmd.index("-k") + 1] == "8"
+        assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--out") + 1] == str(target)
+        assert json.loads((run / "eval_done").read_text())["k"] == 8
+        shutil.rmtree(run / "ckpt")  # copied elsewhere without its checkpoints: nothing to make again
+        assert generate_heldout(run, tmp_path / "test.parquet", k=8, max_new_tokens=48) == target
+        assert len(calls) == 1
+        (run / "eval_done").unlink()
+        with pytest.raises(FileNotFoundError, match=r"without its held-out generations.*delete the folder"):
+            generate_heldout(run, tmp_path / "test.parquet", k=8, max_new_tokens=48)
+
+
+def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path):
+    """What needs a run's checkpoints (teacher-forced scores, held-out generations) is made right after the run, so
+    that a stopped comparison never leaves a finished run that needs its checkpoints later."""
+    out = tmp_path / "cmp"
+    events = []
+
+    def fake_run_method(method, folder, *args, **kwargs):
+        events.append(("train", folder.name, method))
+        (folder / method).mkdir(parents=True, exist_ok=True)
+        return folder / method
+
+    def record(name):
+        return lambda run_dir, *args, **kwargs: events.append((name, run_dir.parent.name, run_dir.name))
+
+    def fake_evaluate(folder, methods, *args, **kwargs):
+        events.append(("evaluate", folder.name, tuple(methods)))
+        return folder / "eval_report"
+
+    args = [a for a in base_args(tmp_path, out, "--seeds", "0,1", "--teacher-forced", "2") if a != "--no-eval"]
+    with (
+        mock.patch.object(cli, "run_method", fake_run_method),
+        mock.patch.object(cli.teacher_forced, "make_pool", lambda out, *a, **kw: out / "teacher_forced"),
+        mock.patch.object(cli.teacher_forced, "score_run", record("score")),
+        mock.patch.object(cli, "generate_heldout", record("heldout")),
+        mock.patch.object(cli, "evaluate", fake_evaluate),
+        mock.patch.object(cli, "write_report", lambda *a, **kw: None),
+        mock.patch(
+            "capo_verl.compare.seeds.write_seeds_summary",
+            lambda out, *a, **kw: (out / "seeds_summary.md").write_text(""),
+        ),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
+        assert cli.main(args) == 0
+    expected = []
+    for k in ("seed0", "seed1"):
+        for m in ("grpo", "capo"):
+            expected += [("train", k, m), ("score", k, m), ("heldout", k, m)]
+        expected.append(("evaluate", k, ("grpo", "capo")))
+    assert events == expected

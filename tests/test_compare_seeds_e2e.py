@@ -10,6 +10,7 @@ model and the checkpoints of steps 1 and 2 of every run).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -68,6 +69,7 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
             for step in (1, 2):  # every checkpoint scores the same pool; training moved the lpm
                 lpm = np.load(run / "teacher_forced" / f"step{step}.0.npy")
                 assert lpm.shape == (32,) and np.isfinite(lpm).all() and not np.allclose(lpm, base_lpm)
+            assert json.loads((run / "teacher_forced" / "scored.json").read_text()) == {"steps": [1, 2]}
             assert list(run.rglob("*.pt")) == []  # pruned to the Hugging Face weights, which stay
             assert len(list(run.glob("ckpt/global_step_*/actor/huggingface/*.safetensors"))) == 2
             done = json.loads((run / "done.json").read_text())
@@ -85,3 +87,12 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
     assert diff["t_interval"]["low"] <= diff["t_interval"]["mean"] <= diff["t_interval"]["high"]
     assert "across 2 training seed(s): 0, 1" in proc.stdout
     assert "bootstrap (seeds, then questions; 200 resamples)" in proc.stdout
+
+    # the finished units' small outputs on another machine (no checkpoints): the same command goes on without
+    # training or scoring anything again
+    for run in out.glob("seed*/*/ckpt"):
+        shutil.rmtree(run)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0, (again.stdout[-3000:], again.stderr[-3000:])
+    assert again.stdout.count("not trained again") == 4 and again.stdout.count("not scored again") == 4
+    assert json.loads((out / "seeds_summary.json").read_text())["differences"] == summary["differences"]

@@ -5,6 +5,7 @@ whole path runs on the tiny model in ``tests/test_compare_seeds_e2e.py``)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from unittest import mock
 
@@ -82,3 +83,41 @@ def test_a_scored_step_is_not_scored_again_and_a_new_one_is_written_complete(tmp
     assert json.loads((folder / "step20.json").read_text())["models"]["step20"]["lpm_file"] == "step20.0.npy"
     assert (folder / "step20.0.npy").read_bytes() == b"npy"
     assert sorted(p.name for p in folder.iterdir()) == ["step10.json", "step20.0.npy", "step20.json"]
+
+
+def _fake_eval(calls: list):
+    """``capo-verl eval teacher-forced`` as :func:`TF.score` calls it: records the call, writes its two outputs."""
+
+    def fake(*args):
+        calls.append(args)
+        out = Path(args[args.index("--out") + 1])
+        label = args[args.index("--model") + 1].split("=", 1)[0]
+        out.write_text(json.dumps({"models": {label: {}}}))
+        out.with_name(out.stem + ".0.npy").write_bytes(b"npy")
+
+    return fake
+
+
+def test_a_scored_run_is_marked_and_then_needs_no_checkpoint(tmp_path):
+    """A finished run copied elsewhere without ``ckpt/`` (its committed small outputs) is not scored again."""
+    run = tmp_path / "capo"
+    for step in (15, 30):
+        _checkpoint(run, step)
+    (run / "done.json").write_text("{}")
+    calls: list = []
+    with mock.patch.object(TF, "_eval", _fake_eval(calls)):
+        TF.score_run(run, tmp_path / "teacher_forced", tmp_path / "val.parquet", tokenizer=tmp_path)
+        assert len(calls) == 2
+        assert json.loads((run / "teacher_forced" / TF.SCORED).read_text()) == {"steps": [15, 30]}
+        assert list(run.rglob("*.pt")) == []  # pruned after scoring
+        shutil.rmtree(run / "ckpt")
+        TF.score_run(run, tmp_path / "teacher_forced", tmp_path / "val.parquet", tokenizer=tmp_path)
+    assert len(calls) == 2
+
+
+def test_a_finished_run_without_checkpoints_or_scores_names_the_way_out(tmp_path):
+    run = tmp_path / "grpo"
+    run.mkdir()
+    (run / "done.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"finished without its checkpoints.*delete the folder to train it"):
+        TF.score_run(run, tmp_path / "teacher_forced", tmp_path / "val.parquet", tokenizer=tmp_path)

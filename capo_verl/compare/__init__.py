@@ -15,8 +15,10 @@ One command (or ``python -m capo_verl.compare ...``)::
    difference between the runs is the method's overrides (:data:`METHODS`). verl's file logger writes one JSON
    line per step (``<out>/<method>/metrics.jsonl``); validation samples with their lpm are dumped to
    ``<out>/<method>/val_generations/<step>.jsonl`` (:mod:`.running`),
-3. runs ``capo-verl eval generate`` on each final checkpoint (held-out set) and ``capo-verl eval score`` on all
-   of them together (``<out>/eval_report/``),
+3. right after each method's training: scores its checkpoints on the teacher-forced pool (``--teacher-forced``)
+   and runs ``capo-verl eval generate`` on its final checkpoint (held-out set), so that a finished method's small
+   outputs are complete without its checkpoints; then ``capo-verl eval score`` on all methods together
+   (``<out>/eval_report/``),
 4. draws the figures and writes ``summary.md`` / ``summary.json`` (:func:`write_report`, :mod:`.report`);
    ``--plot-only`` does only this, from existing logs.
 
@@ -39,7 +41,14 @@ from capo_verl.compare.config import (
 from capo_verl.compare.methods import METHODS, Method
 from capo_verl.compare.outdir import MARKER, RUN_MARKER, prepare_out
 from capo_verl.compare.report import read_metrics, read_validation_pass, series, validation_passes, write_report
-from capo_verl.compare.running import evaluate, final_hf_checkpoint, run_method, train_command, train_env
+from capo_verl.compare.running import (
+    evaluate,
+    final_hf_checkpoint,
+    generate_heldout,
+    run_method,
+    train_command,
+    train_env,
+)
 from capo_verl.compare.statistics import (
     MIN_MIXED_QUESTIONS,
     ValidationPass,
@@ -67,6 +76,7 @@ __all__ = [
     "evaluate",
     "final_hf_checkpoint",
     "find_config_dir",
+    "generate_heldout",
     "main",
     "make_plan",
     "paired_difference",

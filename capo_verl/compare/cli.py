@@ -27,7 +27,7 @@ from capo_verl.compare.config import (
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import prepare_out
 from capo_verl.compare.report import write_report
-from capo_verl.compare.running import evaluate, run_method
+from capo_verl.compare.running import evaluate, generate_heldout, run_method
 
 
 class _Parser(argparse.ArgumentParser):
@@ -328,8 +328,13 @@ def main(argv: list[str] | None = None) -> int:
                     plans[k].overrides,
                     settings=plans[k].method_settings[m],
                 )
+                # everything that needs the run's checkpoints, now: its small outputs are then complete without them
                 if pool_dir is not None:
                     teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)
+                if evaluated:
+                    generate_heldout(
+                        run_dir, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
+                    )
             if evaluated:
                 report = evaluate(
                     folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype

@@ -197,52 +197,52 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
     )
 
 
-def evaluate(
-    out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16"
-) -> Path:
-    """``capo-verl eval generate`` on every method's final checkpoint (unless its ``eval_done`` exists), then
-    ``capo-verl eval score`` on all of them together (``<out>/eval_report``); returns the report folder.
+def generate_heldout(run_dir: Path, eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16") -> Path:
+    """``capo-verl eval generate`` of a finished run's final checkpoint on the held-out set, unless its ``eval_done``
+    exists; returns ``<run>/eval_generations.jsonl``.
 
+    compare calls it as soon as the run finished (and its checkpoints were scored), so that the run's small outputs
+    are complete without its checkpoints: a unit copied to another machine without ``ckpt/`` is never trained again.
     ``dtype``: the weights' precision in vLLM (compare passes the training rollout's,
     ``actor_rollout_ref.rollout.dtype``).
 
     Raises:
-        FileNotFoundError: a method has no final checkpoint with Hugging Face weights.
+        FileNotFoundError: no ``eval_done`` and no final checkpoint with Hugging Face weights.
+        subprocess.CalledProcessError: ``capo-verl eval generate`` failed.
+    """
+    target = run_dir / "eval_generations.jsonl"
+    if (run_dir / "eval_done").exists():
+        return target
+    if (run_dir / "done.json").exists() and not (run_dir / "ckpt").exists():
+        raise FileNotFoundError(
+            f"{run_dir}: finished without its checkpoints (ckpt/) and without its held-out generations (eval_done): "
+            "they cannot be made; delete the folder to train it again"
+        )
+    model = final_hf_checkpoint(run_dir)
+    cmd = [
+        sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", str(model), "--data", str(eval_data),
+        "-k", str(k), "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", "0",
+        "--dtype", dtype, "--no-progress", "--out", str(target),
+    ]  # fmt: skip
+    print(f"[compare] {run_dir.name}: eval generate on {eval_data.name} (k={k})", flush=True)
+    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
+    (run_dir / "eval_done").write_text(json.dumps({"k": k, "command": shlex.join(cmd)}, indent=1) + "\n")
+    return target
+
+
+def evaluate(
+    out: Path, methods: list[str], eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16"
+) -> Path:
+    """:func:`generate_heldout` for every method (nothing to do for one whose ``eval_done`` exists), then
+    ``capo-verl eval score`` on all of them together (``<out>/eval_report``); returns the report folder.
+
+    Raises:
+        FileNotFoundError: a method has neither ``eval_done`` nor a final checkpoint with Hugging Face weights.
         subprocess.CalledProcessError: ``capo-verl eval`` failed.
     """
-    files = []
-    for m in methods:
-        target = out / m / "eval_generations.jsonl"
-        if not (out / m / "eval_done").exists():
-            model = final_hf_checkpoint(out / m)
-            cmd = [
-                sys.executable,
-                "-m",
-                "capo_verl.cli",
-                "eval",
-                "generate",
-                "--model",
-                str(model),
-                "--data",
-                str(eval_data),
-                "-k",
-                str(k),
-                "--max-new-tokens",
-                str(max_new_tokens),
-                "--temperature",
-                "1.0",
-                "--seed",
-                "0",
-                "--dtype",
-                dtype,
-                "--no-progress",
-                "--out",
-                str(target),
-            ]
-            print(f"[compare] {m}: eval generate on {eval_data.name} (k={k})", flush=True)
-            subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
-            (out / m / "eval_done").write_text(json.dumps({"k": k, "command": shlex.join(cmd)}, indent=1) + "\n")
-        files.append(f"{m}={target}")
+    files = [
+        f"{m}={generate_heldout(out / m, eval_data, k=k, max_new_tokens=max_new_tokens, dtype=dtype)}" for m in methods
+    ]
     report = out / "eval_report"
     subprocess.run(
         [sys.executable, "-m", "capo_verl.cli", "eval", "score", "--generations", *files, "--out", str(report)],

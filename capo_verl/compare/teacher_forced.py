@@ -7,7 +7,9 @@ correctness, in ``<out>/teacher_forced/pool.jsonl``; ``capo-verl eval teacher-fo
 the same pool (``<out>[/seed<k>]/<method>/teacher_forced/step<N>.json``, the lpm of every pool line in
 ``step<N>.0.npy``), in float32 (:mod:`capo_verl.evaluation.teacher_forced`: one forward pass, no sampling). Then the
 finished run's checkpoints are pruned to their Hugging Face weights: a finished run is never resumed, so its model,
-optimizer and data-loader states are no longer needed.
+optimizer and data-loader states are no longer needed. ``<run>/teacher_forced/scored.json`` marks a run whose
+checkpoints have all been scored: such a run is not scored again, and needs no checkpoint (a finished unit copied
+to another machine without ``ckpt/``).
 
 What it measures: how each checkpoint ranks the SAME responses (the base model's), not its own samples. Each step
 is skipped when its output exists, so a stopped comparison goes on where it stopped.
@@ -23,6 +25,8 @@ from pathlib import Path
 
 #: folder of the pool and the base model's scores, at the top of ``--out`` (shared by every seed and method)
 POOL_DIR = "teacher_forced"
+#: marks a run whose checkpoints were all scored (the steps, in ``<run>/teacher_forced/``)
+SCORED = "scored.json"
 #: scoring precision: the plan's float32, so that no bf16 rounding enters the comparison between checkpoints
 SCORE_DTYPE = "float32"
 
@@ -96,20 +100,31 @@ def score(pool: Path, val_data: Path, models: dict[int, Path], folder: Path, *, 
 
 
 def score_run(run_dir: Path, pool_dir: Path, val_data: Path, *, tokenizer: Path) -> None:
-    """Score the pool with every checkpoint of a finished run (``<run>/teacher_forced/``), then prune the run's
-    checkpoints to their Hugging Face weights (:func:`prune_to_hf`).
+    """Score the pool with every checkpoint of a finished run (``<run>/teacher_forced/``), mark it scored
+    (:data:`SCORED`, the steps), then prune the run's checkpoints to their Hugging Face weights
+    (:func:`prune_to_hf`). A run marked scored is left as it is, with or without its checkpoints.
 
     Raises:
-        FileNotFoundError: the run has no checkpoint with Hugging Face weights.
+        FileNotFoundError: the run is not marked scored and has no checkpoint with Hugging Face weights.
         subprocess.CalledProcessError: the scoring failed.
     """
+    marker = run_dir / POOL_DIR / SCORED
+    if marker.exists():
+        print(f"[compare] {run_dir.name}: teacher-forced scores complete ({marker}), not scored again", flush=True)
+        return
     models = checkpoints_with_hf(run_dir)
+    if not models and (run_dir / "done.json").exists() and not (run_dir / "ckpt").exists():
+        raise FileNotFoundError(
+            f"{run_dir}: finished without its checkpoints (ckpt/) and not marked scored ({POOL_DIR}/{SCORED}): its "
+            "teacher-forced scores cannot be made; delete the folder to train it again"
+        )
     if not models:
         raise FileNotFoundError(
             f"{run_dir / 'ckpt'}: no checkpoint with Hugging Face weights to score; --teacher-forced needs "
             "actor_rollout_ref.actor.checkpoint.save_contents with hf_model and trainer.save_freq"
         )
     score(pool_dir / "pool.jsonl", val_data, models, run_dir / POOL_DIR, tokenizer=tokenizer)
+    marker.write_text(json.dumps({"steps": list(models)}) + "\n")
     prune_to_hf(run_dir)
 
 
