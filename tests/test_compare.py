@@ -362,7 +362,7 @@ def _dump(path: Path, rows: list[tuple[str, float, bool]]) -> None:
 def test_two_step0_passes_are_compared_response_by_response(tmp_path):
     """Seed 0: capo's step-0 pass shares 2 of 3 responses of question a and, as multisets, 2 of 3 of question b
     (p p q vs p q q) with grpo's: 4 / 6; seed 1: the same responses: 1. AUC-mean and accuracy of each pass by hand."""
-    from capo_verl.compare.seeds import step0_agreement, write_seeds_summary
+    from capo_verl.compare.seeds import pass_agreement, step0_agreement, write_seeds_summary
 
     def dump(path, rows):  # (question, output, lpm, correct)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -380,6 +380,12 @@ def test_two_step0_passes_are_compared_response_by_response(tmp_path):
                 dump(tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl", rows)
     result = step0_agreement(tmp_path, ["grpo", "capo"], [0, 1])
     assert result["capo - grpo"] == pytest.approx([4 / 6, 1.0])
+    # any two passes: seed 0's step-30 passes, and a pass of other questions
+    runs = tmp_path / "seed0"
+    assert pass_agreement(runs / "grpo/val_generations/30.jsonl", runs / "capo/val_generations/30.jsonl") == 4 / 6
+    dump(tmp_path / "other.jsonl", [("c", "x", -1.0, True)])
+    with pytest.raises(ValueError, match="validated other questions"):
+        pass_agreement(runs / "grpo/val_generations/30.jsonl", tmp_path / "other.jsonl")
     per = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=50)["per_seed"]  # first pass = step 0
     assert {"base": per["grpo"]["auc_mean"]["first"], "method": per["capo"]["auc_mean"]["first"]} == {
         "base": [1.0, 1.0],

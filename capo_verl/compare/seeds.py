@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -205,13 +206,44 @@ def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MA
 # ----------------------------------------------------------------------------------------- step-0 agreement
 
 
+def _texts(path: Path) -> dict[str, Counter] | None:
+    """``{question: Counter(response text)}`` of a validation dump, or None when it has no ``output`` texts."""
+    by_q: dict[str, Counter] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if "output" not in row:
+                return None
+            by_q.setdefault(str(row["input"]), Counter())[row["output"]] += 1
+    return by_q
+
+
+def pass_agreement(a: Path, b: Path) -> float | None:
+    """Fraction of the responses of validation dump ``a`` (``val_generations/<step>.jsonl``) that dump ``b`` also
+    produced for the same question: the multiset overlap of the response texts per question, divided by ``a``'s
+    samples, so the order of the samples does not matter. 1.0: the two passes gave the same responses.
+
+    Returns:
+        The fraction in [0, 1], or None when a dump has no response texts (``output``).
+
+    Raises:
+        ValueError: the two dumps hold other questions (not the same validation set).
+    """
+    ta, tb = _texts(a), _texts(b)
+    if ta is None or tb is None:
+        return None
+    if set(ta) != set(tb):
+        raise ValueError(f"{a} and {b} validated other questions")
+    same = sum(sum((ta[q] & tb[q]).values()) for q in ta)
+    return same / sum(sum(c.values()) for c in ta.values())
+
+
 def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
     """How far two validation passes of the same weights agree: every method of a seed validates step 0 with the
     base model and the same rollout seeds, so their step-0 passes differ only by the engine's numerics (batching,
-    rounding). Per seed and method other than the first (``base``): the fraction of responses the base's step-0 pass
-    also produced for the same question (multiset overlap of the response texts per question, divided by the
-    samples, so the order of the samples does not matter). Each pass's AUC-mean and accuracy are the ``first``
-    values of :func:`write_seeds_summary`'s ``per_seed``.
+    rounding). Per seed and method other than the first (``base``): :func:`pass_agreement` of the base's step-0
+    pass and the method's. Each pass's AUC-mean and accuracy are the ``first`` values of
+    :func:`write_seeds_summary`'s ``per_seed``.
 
     Returns:
         ``{"m - base": [S] identical fractions in [0, 1]}``, or None unless every run of every seed has a
@@ -220,33 +252,20 @@ def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | N
     Raises:
         ValueError: two step-0 passes of a seed validated other questions (not the same validation set).
     """
-    from collections import Counter
-
-    def texts(path: Path) -> dict[str, Counter] | None:
-        by_q: dict[str, Counter] = {}
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if "output" not in row:
-                    return None
-                by_q.setdefault(str(row["input"]), Counter())[row["output"]] += 1
-        return by_q
-
     files = {(k, m): out / f"seed{k}" / m / "val_generations" / "0.jsonl" for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):
-        return None
-    passes = {key: texts(path) for key, path in files.items()}
-    if any(p is None for p in passes.values()):
         return None
     result = {}
     for m in methods[1:]:
         result[f"{m} - {methods[0]}"] = fractions = []
         for k in seeds:
-            a, b = passes[(k, methods[0])], passes[(k, m)]
-            if set(a) != set(b):
-                raise ValueError(f"seed {k}: {methods[0]} and {m} validated other questions at step 0")
-            same = sum(sum((a[q] & b[q]).values()) for q in a)
-            fractions.append(same / sum(sum(c.values()) for c in a.values()))
+            try:
+                value = pass_agreement(files[(k, methods[0])], files[(k, m)])
+            except ValueError:
+                raise ValueError(f"seed {k}: {methods[0]} and {m} validated other questions at step 0") from None
+            if value is None:
+                return None
+            fractions.append(value)
     return result
 
 

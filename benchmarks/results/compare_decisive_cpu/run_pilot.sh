@@ -5,6 +5,8 @@
 # background and copy finished units into the repository with benchmarks/collect_compare.py:
 #   nohup bash benchmarks/results/compare_decisive_cpu/run_pilot.sh > ~/capo_pilot/run.log 2>&1 &
 #   .venv/bin/python benchmarks/collect_compare.py ~/capo_pilot/out benchmarks/results/compare_decisive_cpu/pilot
+# SEEDS (default 0,1,2) and METHODS (default "grpo capo") pick the units; one unit a call, e.g.
+# SEEDS=0 METHODS=capo, makes its held-out evaluation when it finishes (amendment 2 in docs/compare.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -15,7 +17,7 @@ mkdir -p "$root"
 git -C "$root/code" checkout -q "$commit"
 cd "$root/code"
 export PYTHONPATH=$PWD
-exec "$repo/.venv/bin/python" -m capo_verl.compare --methods grpo capo --seeds "${SEEDS:-0,1,2}" --steps 30 \
+exec "$repo/.venv/bin/python" -m capo_verl.compare --methods ${METHODS:-grpo capo} --seeds "${SEEDS:-0,1,2}" --steps 30 \
   --val-questions 256 --teacher-forced 8 --out "$root/out" \
   data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.test_freq=30 trainer.save_freq=15 \
   'actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]' \
