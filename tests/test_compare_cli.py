@@ -420,3 +420,23 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
             expected += [("train", k, m), ("score", k, m), ("heldout", k, m)]
         expected.append(("evaluate", k, ("grpo", "capo")))
     assert events == expected
+
+
+def test_a_finished_method_without_checkpoints_needs_what_they_would_make(tmp_path):
+    """A finished method copied without ``ckpt/`` goes on only if it holds the teacher-forced scores and held-out
+    generations this run makes from checkpoints; otherwise compare stops before anything is written or trained."""
+    out = tmp_path / "cmp"
+    args = base_args(tmp_path, out, "--teacher-forced", "2")
+    finished_runs(tmp_path, out, args)
+    before = snapshot(out)
+    message = refusal(run_cli(*args, cwd=tmp_path))
+    assert f"grpo: finished in {out / 'grpo'} without its checkpoints (ckpt/) and without its teacher-" in message
+    assert f"delete {out / 'grpo'} to train it again" in message
+    for method in ("grpo", "capo"):
+        (out / method / "teacher_forced").mkdir()
+        (out / method / "teacher_forced" / "scored.json").write_text('{"steps": [3]}')
+    evaluated = [a for a in args if a != "--no-eval"]
+    message = refusal(run_cli(*evaluated, cwd=tmp_path))
+    assert "without its held-out generations (eval_done)" in message and "teacher-forced" not in message
+    files = {k: v for k, v in snapshot(out).items() if v[0] is not None and "teacher_forced" not in k}
+    assert files == {k: v for k, v in before.items() if v[0] is not None}  # nothing written

@@ -65,14 +65,16 @@ def _read_json(path: Path) -> dict:
 
 def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
     """What compare may do with ``<out>/<method>``: ``"new"`` (absent: train), ``"done"`` (finished with these
-    settings: reuse), ``"resume"`` (an unfinished run compare made with these settings, with a complete checkpoint:
-    go on from it), or ``"retrain"`` (another unfinished run compare made: delete and train again).
+    settings: reuse; without its checkpoints only if it holds what this run would make from them), ``"resume"``
+    (an unfinished run compare made with these settings, with a complete checkpoint: go on from it), or
+    ``"retrain"`` (another unfinished run compare made: delete and train again).
 
     ``eval_k``: the held-out evaluation's k this time (None: no evaluation); a recorded evaluation must match.
 
     Raises:
         UsageError: the folder was not made by compare, or finished with other settings (or with settings an
-            earlier version did not record), or its evaluation used another k.
+            earlier version did not record), or its evaluation used another k, or it finished without its
+            checkpoints and without the teacher-forced scores or held-out generations this run needs.
     """
     if not run_dir.exists():
         return "new"
@@ -92,6 +94,18 @@ def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
                 raise UsageError(
                     f"{run_dir.name}: evaluated in {run_dir} with other settings (recorded -> now): "
                     f"eval_k: {k!r} -> {eval_k!r}; use --eval-k {k}, --no-eval or another --out"
+                )
+        if not (run_dir / "ckpt").exists():  # e.g. its small outputs copied to another machine
+            missing = []
+            if settings.get("teacher_forced") and not (run_dir / "teacher_forced" / "scored.json").exists():
+                missing.append("its teacher-forced scores (teacher_forced/scored.json)")
+            if eval_k is not None and not eval_done.exists():
+                missing.append("its held-out generations (eval_done)")
+            if missing:
+                raise UsageError(
+                    f"{run_dir.name}: finished in {run_dir} without its checkpoints (ckpt/) and without "
+                    f"{' and '.join(missing)}, which need them: delete {run_dir} to train it again, or use "
+                    "another --out"
                 )
         return "done"
     if not (run_dir / RUN_MARKER).is_file():
