@@ -280,6 +280,7 @@ def test_method_folders_compare_did_not_make_are_never_deleted(tmp_path):
     assert check_method_dir(user, settings, None) == "retrain"
     # finished: reused with the same settings only; the evaluation's k must match too
     (user / "done.json").write_text(json.dumps({"method": "grpo", "settings": settings}))
+    (user / "ckpt").mkdir()  # its checkpoints, which the held-out generations are made from
     assert check_method_dir(user, settings, 8) == "done"
     with pytest.raises(UsageError, match=r"method: 'grpo' -> 'capo'"):
         check_method_dir(user, {**settings, "method": "capo"}, None)
