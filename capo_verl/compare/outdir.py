@@ -21,6 +21,7 @@ from pathlib import Path
 from capo_verl import __version__
 from capo_verl.compare.config import UsageError
 from capo_verl.compare.report import REPORT_OUTPUTS
+from capo_verl.compare.teacher_forced import POOL_DIR, SCORED
 
 MARKER = ".capo-verl-compare.json"
 RUN_MARKER = ".capo-verl-run.json"
@@ -97,8 +98,8 @@ def check_method_dir(run_dir: Path, settings: dict, eval_k: int | None) -> str:
                 )
         if not (run_dir / "ckpt").exists():  # e.g. its small outputs copied to another machine
             missing = []
-            if settings.get("teacher_forced") and not (run_dir / "teacher_forced" / "scored.json").exists():
-                missing.append("its teacher-forced scores (teacher_forced/scored.json)")
+            if settings.get("teacher_forced") and not (run_dir / POOL_DIR / SCORED).exists():
+                missing.append(f"its teacher-forced scores ({POOL_DIR}/{SCORED})")
             if eval_k is not None and not eval_done.exists():
                 missing.append("its held-out generations (eval_done)")
             if missing:
