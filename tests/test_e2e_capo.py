@@ -40,9 +40,8 @@ def test_capo_trains_with_the_reference_pass_and_no_kl(capo_run):
         assert "critic/kl" not in data and "critic/kl_coeff" not in data
         assert data["actor/loss"] == pytest.approx(data["actor/pg_loss"], abs=1e-6)
         assert data["critic/rewards/mean"] == pytest.approx(data["critic/score/mean"], abs=1e-6)
-        assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
+        assert math.isfinite(data["actor/pg_loss"])
         for key in (
-            "capo/auc_mean",
             "capo/mixed_group_frac",
             "capo/lpm_correct_mean",
             "capo/lpm_incorrect_mean",
@@ -53,8 +52,14 @@ def test_capo_trains_with_the_reference_pass_and_no_kl(capo_run):
             "capo/ref_ppl_incorrect_q25",
         ):
             assert key in data and math.isfinite(data[key]), (step, key, sorted(k for k in data if "capo" in k))
-        assert 0.0 <= data["capo/auc_mean"] <= 1.0 and data["capo/mixed_group_frac"] > 0
-        assert data["capo/adv_abs_mean"] > 0
+        # AUC-mean is defined only over mixed groups: left out of a step that has none (capo_step_metrics)
+        if data["capo/mixed_group_frac"] > 0:
+            assert 0.0 <= data["capo/auc_mean"] <= 1.0 and data["capo/adv_abs_mean"] > 0, (step, data)
+            assert data["actor/grad_norm"] > 0, (step, data)
+        else:  # every advantage is 0: no pair of a correct and an incorrect response in any group
+            assert "capo/auc_mean" not in data and data["capo/adv_abs_mean"] == 0, (step, data)
+    # the parity reward mixes most groups of 4: a run without one mixed group would test nothing of CAPO
+    assert any(data["capo/mixed_group_frac"] > 0 for data in steps.values()), steps
     # the reference pass reaches the estimator: the mask acts on both sides
     assert any(data["capo/mask_frac_correct"] > 0 for data in steps.values()), steps
     assert any(data["capo/mask_frac_incorrect"] > 0 for data in steps.values()), steps
