@@ -499,6 +499,43 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     assert json.loads((tmp_path / "seeds_summary.json").read_text())["steps"]["capo"] == [[0, 30], [0, 30]]
 
 
+def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path):
+    """A method whose last pass is mixed only on questions that were not mixed at step 0 (a policy that ends almost
+    deterministic, as GRPO seed 1 of the pilot): the change from the first pass has no defined question for that
+    seed, so that secondary difference is reported undefined; the primary endpoint is still read, by hand."""
+    from capo_verl.compare.seeds import write_seeds_summary
+
+    up = [(-1.0, True), (-2.0, False), (-3.0, False)]  # AUC 1.0
+    down = [(-3.0, True), (-2.0, False), (-1.0, False)]  # AUC 0.0
+    solved = [(-1.0, True), (-2.0, True), (-3.0, True)]  # not mixed
+    passes = {  # (seed, method, step) -> (question a, question b)
+        (0, "grpo", 0): (up, down), (0, "grpo", 30): (down, up),
+        (0, "capo", 0): (up, down), (0, "capo", 30): (up, up),
+        (1, "grpo", 0): (up, solved), (1, "grpo", 30): (solved, up),  # a mixed only at 0, b only at 30
+        (1, "capo", 0): (up, solved), (1, "capo", 30): (down, solved),
+    }  # fmt: skip
+    for (k, m, step), (qa, qb) in passes.items():
+        _dump(
+            tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl",
+            [("a", *s) for s in qa] + [("b", *s) for s in qb],
+        )
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=50)
+
+    change = summary["differences"]["capo - grpo"]["auc_mean"]["change"]
+    assert set(change) == {"undefined"} and "b has no defined (non-NaN) value at seed index 1" in change["undefined"]
+    # at the last pass: seed 0 capo 1.0 - grpo 0.5 = 0.5; seed 1 capo 0.0 - grpo 1.0 = -1.0
+    last = summary["differences"]["capo - grpo"]["auc_mean"]["last"]
+    assert last["per_seed"] == pytest.approx([0.5, -1.0])
+    half_width = 12.706204736 * np.std([0.5, -1.0], ddof=1) / np.sqrt(2)  # t_{0.975, 1}
+    t = last["t_interval"]
+    assert (t["low"], t["high"]) == pytest.approx((-0.25 - half_width, -0.25 + half_width))
+    assert summary["primary"]["capo - grpo"]["reading"] == "no decision"
+    # accuracy has no undefined question: its change is defined
+    assert "t_interval" in summary["differences"]["capo - grpo"]["accuracy"]["change"]
+    md = (tmp_path / "seeds_summary.md").read_text()
+    assert "| capo - grpo, change from the first pass | n/a: seed_t_interval: b has no defined" in md
+
+
 def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k and the last steps' entropy, paired by seed;
     two seeds, two methods; every number by hand."""

@@ -10,7 +10,8 @@ method minus the first method (``base``), paired by seed and question:
   base's; since every method of a seed starts from the same weights, this is also the difference of their changes in
   expectation, with the noise of one pass per method instead of two.
 - ``change``: (last - first) of the method minus (last - first) of the base, per question (NaN unless the question
-  is defined at both passes of that method).
+  is defined at both passes of that method). A secondary endpoint: where a seed's method has no question mixed at
+  both of its passes (a policy that ends almost deterministic), it is ``{"undefined": reason}`` and the summary goes on.
 
 Each comes with the mean over seeds, a Student-t interval over seeds
 (:func:`capo_verl.compare.statistics.seed_t_interval`: seeds are the units; the questions' sampling noise enters
@@ -137,7 +138,8 @@ def write_seeds_summary(
 
     Raises:
         FileNotFoundError, ValueError: see :func:`per_question_values`; ValueError also when a seed has no defined
-            value of a measure for a method (e.g. no mixed question at a pass).
+            value of a measure at the last pass for a method (no mixed question at that pass: the primary endpoint
+            is undefined).
     """
     data = per_question_values(out, methods, seeds)
     values, base = data["values"], methods[0]
@@ -164,8 +166,9 @@ def write_seeds_summary(
             a_change = a_last - values[m][measure]["first"]
             b_change = b_last - values[base][measure]["first"]
             entry[measure] = {
-                what: _difference(a, b, level=level, n_boot=n_boot)
-                for what, (a, b) in (("last", (a_last, b_last)), ("change", (a_change, b_change)))
+                "last": _difference(a_last, b_last, level=level, n_boot=n_boot),
+                # secondary: undefined where a seed's method has no question mixed at both of its passes
+                "change": _defined_difference(a_change, b_change, level=level, n_boot=n_boot),
             }
         summary["differences"][f"{m} - {base}"] = entry
     summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
@@ -519,6 +522,9 @@ def _markdown(summary: dict) -> str:
         for name, entry in summary["differences"].items():
             for what, text in (("last", "at the last pass"), ("change", "change from the first pass")):
                 e = entry[measure][what]
+                if "undefined" in e:
+                    lines.append(f"| {name}, {text} | n/a: {e['undefined']} | | | |")
+                    continue
                 t, hb = e["t_interval"], e["hierarchical_bootstrap"]
                 lines.append(
                     f"| {name}, {text} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | "
