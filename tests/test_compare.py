@@ -442,6 +442,16 @@ def test_seeds_for_a_half_width_by_hand():
         seeds_for_half_width(-0.1, 0.03)
 
 
+def _dump_passes(out, passes: dict) -> None:
+    """Validation dumps ``<out>/seed<k>/<method>/val_generations/<step>.jsonl`` of two questions "a" and "b" from
+    ``{(seed, method, step): (question a's samples, question b's samples)}``, samples as ``(lpm, correct)``."""
+    for (k, m, step), (qa, qb) in passes.items():
+        _dump(
+            out / f"seed{k}" / m / "val_generations" / f"{step}.jsonl",
+            [("a", *s) for s in qa] + [("b", *s) for s in qb],
+        )
+
+
 def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     """Two seeds, two methods, two questions of 3 samples each, validated at steps 0 and 30; every number by hand."""
     from capo_verl.compare.seeds import write_seeds_summary
@@ -457,11 +467,7 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
         (1, "grpo", 0): (half, solved), (1, "grpo", 30): (half, down),
         (1, "capo", 0): (half, solved), (1, "capo", 30): (up, solved),
     }  # fmt: skip
-    for (k, m, step), (qa, qb) in passes.items():
-        _dump(
-            tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl",
-            [("a", *s) for s in qa] + [("b", *s) for s in qb],
-        )
+    _dump_passes(tmp_path, passes)
     summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=200)
 
     # AUC-mean per seed (mean over mixed questions): seed 0 grpo 0 -> (0 + .75)/2, capo (1 + .75)/2 -> (1 + 1)/2;
@@ -514,15 +520,11 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
         (1, "grpo", 0): (up, solved), (1, "grpo", 30): (solved, up),  # a mixed only at 0, b only at 30
         (1, "capo", 0): (up, solved), (1, "capo", 30): (down, solved),
     }  # fmt: skip
-    for (k, m, step), (qa, qb) in passes.items():
-        _dump(
-            tmp_path / f"seed{k}" / m / "val_generations" / f"{step}.jsonl",
-            [("a", *s) for s in qa] + [("b", *s) for s in qb],
-        )
+    _dump_passes(tmp_path, passes)
     summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=50)
 
     change = summary["differences"]["capo - grpo"]["auc_mean"]["change"]
-    assert set(change) == {"undefined"} and "b has no defined (non-NaN) value at seed index 1" in change["undefined"]
+    assert change == {"undefined": "no defined value for grpo, seed 1"}
     # at the last pass: seed 0 capo 1.0 - grpo 0.5 = 0.5; seed 1 capo 0.0 - grpo 1.0 = -1.0
     last = summary["differences"]["capo - grpo"]["auc_mean"]["last"]
     assert last["per_seed"] == pytest.approx([0.5, -1.0])
@@ -533,7 +535,7 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
     # accuracy has no undefined question: its change is defined
     assert "t_interval" in summary["differences"]["capo - grpo"]["accuracy"]["change"]
     md = (tmp_path / "seeds_summary.md").read_text()
-    assert "| capo - grpo, change from the first pass | n/a: seed_t_interval: b has no defined" in md
+    assert "| capo - grpo, change from the first pass | n/a: no defined value for grpo, seed 1 |" in md
 
 
 def test_seeds_summary_secondary_measures_by_hand(tmp_path):

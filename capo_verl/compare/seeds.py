@@ -84,13 +84,20 @@ def _difference(a, b, *, level: float, n_boot: int) -> dict:
     }
 
 
-def _defined_difference(a, b, *, level: float, n_boot: int) -> dict:
+def _defined_difference(a, b, *, names: tuple[str, str], seeds: list[int], level: float, n_boot: int) -> dict:
     """:func:`_difference`, or ``{"undefined": reason}`` where a seed has no defined value (a secondary measure
-    that cannot be computed does not stop the summary)."""
+    that cannot be computed does not stop the summary). ``names`` are the methods of ``a`` and ``b``, ``seeds``
+    the seed indices of their rows: the reason names the method and seed with no defined value."""
     try:
         return _difference(a, b, level=level, n_boot=n_boot)
     except ValueError as exc:
-        return {"undefined": str(exc)}
+        missing = [
+            f"{name}, seed {k}"
+            for name, x in zip(names, (a, b))
+            for k, row in zip(seeds, _rows(x))
+            if not np.isfinite(row).any()
+        ]
+        return {"undefined": f"no defined value for {'; '.join(missing)}" if missing else str(exc)}
 
 
 def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict:
@@ -168,7 +175,9 @@ def write_seeds_summary(
             entry[measure] = {
                 "last": _difference(a_last, b_last, level=level, n_boot=n_boot),
                 # secondary: undefined where a seed's method has no question mixed at both of its passes
-                "change": _defined_difference(a_change, b_change, level=level, n_boot=n_boot),
+                "change": _defined_difference(
+                    a_change, b_change, names=(m, base), seeds=seeds, level=level, n_boot=n_boot
+                ),
             }
         summary["differences"][f"{m} - {base}"] = entry
     summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
@@ -383,7 +392,9 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
                 row: {
                     "per_seed": {m: _nanmean_rows(_rows(by_method[m])) for m in methods},
                     "differences": {
-                        f"{m} - {base}": _defined_difference(by_method[m], by_method[base], level=level, n_boot=n_boot)
+                        f"{m} - {base}": _defined_difference(
+                            by_method[m], by_method[base], names=(m, base), seeds=seeds, level=level, n_boot=n_boot
+                        )
                         for m in methods[1:]
                     },
                 }
