@@ -538,6 +538,22 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
     assert "| capo - grpo, change from the first pass | n/a: no defined value for grpo, seed 1 |" in md
 
 
+def test_defined_difference_reports_only_missing_seeds_and_raises_on_other_faults():
+    """A seed with no defined value makes a secondary difference undefined, naming the method and seed; any other
+    fault of the values (an infinite value, unequal shapes) is an error, not an undefined row."""
+    from capo_verl.compare.seeds import _defined_difference
+
+    kw = {"names": ("capo", "grpo"), "seeds": [3, 4], "level": 0.95, "n_boot": 20}
+    a, b = np.array([[0.5, np.nan], [np.nan, np.nan]]), np.array([[0.25, 0.5], [0.75, 1.0]])
+    assert _defined_difference(a, b, **kw) == {"undefined": "no defined value for capo, seed 4"}
+    d = _defined_difference(np.array([[0.5, np.nan], [1.0, 0.0]]), b, **kw)
+    assert d["per_seed"] == pytest.approx([0.5 - 0.375, 0.5 - 0.875])
+    with pytest.raises(ValueError, match="infinite"):
+        _defined_difference(np.array([[0.5, np.inf], [1.0, 0.0]]), b, **kw)
+    with pytest.raises(ValueError):
+        _defined_difference(np.array([0.5, 1.0]), b, **kw)
+
+
 def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k and the last steps' entropy, paired by seed;
     two seeds, two methods; every number by hand."""

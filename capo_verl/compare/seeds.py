@@ -87,17 +87,17 @@ def _difference(a, b, *, level: float, n_boot: int) -> dict:
 def _defined_difference(a, b, *, names: tuple[str, str], seeds: list[int], level: float, n_boot: int) -> dict:
     """:func:`_difference`, or ``{"undefined": reason}`` where a seed has no defined value (a secondary measure
     that cannot be computed does not stop the summary). ``names`` are the methods of ``a`` and ``b``, ``seeds``
-    the seed indices of their rows: the reason names the method and seed with no defined value."""
-    try:
-        return _difference(a, b, level=level, n_boot=n_boot)
-    except ValueError as exc:
-        missing = [
-            f"{name}, seed {k}"
-            for name, x in zip(names, (a, b))
-            for k, row in zip(seeds, _rows(x))
-            if not np.isfinite(row).any()
-        ]
-        return {"undefined": f"no defined value for {'; '.join(missing)}" if missing else str(exc)}
+    the seed indices of their rows: the reason names the method and seed with no defined value.
+
+    Raises:
+        ValueError: as :func:`_difference` for any other fault of ``a`` and ``b`` (shapes, infinite values).
+    """
+    missing = [
+        f"{name}, seed {k}" for name, x in zip(names, (a, b)) for k, row in zip(seeds, _rows(x)) if np.isnan(row).all()
+    ]
+    if missing:
+        return {"undefined": f"no defined value for {'; '.join(missing)}"}
+    return _difference(a, b, level=level, n_boot=n_boot)
 
 
 def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict:
