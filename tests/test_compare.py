@@ -296,7 +296,8 @@ def test_method_folders_compare_did_not_make_are_never_deleted(tmp_path):
 
 #: a stand-in for verl's trainer: trains steps (last checkpoint + 1)..total under resume_mode=auto, logging one metrics
 #: line per step (verl's file logger: truncated at start) and checkpointing after each; exits 1 after step
-#: $STAND_IN_STOP_AFTER, as a stopped or failed run
+#: $STAND_IN_STOP_AFTER, as a stopped or failed run. As verl 0.9.1's fit(), from a checkpoint of the last step it
+#: trains one step more; with trainer.val_only it logs a validation of the loaded step and returns.
 STAND_IN_TRAINER = r"""
 import json, os, sys
 args = dict(a.lstrip("+").split("=", 1) for a in sys.argv[1:] if "=" in a)
@@ -305,7 +306,10 @@ os.makedirs(ckpt, exist_ok=True)
 tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
 start = int(open(tracker).read()) if args["trainer.resume_mode"] == "auto" and os.path.exists(tracker) else 0
 with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
-    for step in range(start + 1, total + 1):
+    if args.get("trainer.val_only") == "true":  # validate the loaded step, then return
+        f.write(json.dumps({"step": start, "data": {"val": start}}) + "\n")
+        sys.exit(0)
+    for step in range(start + 1, max(total, start + 1) + 1):  # from the last step: one past it, as verl 0.9.1
         f.write(json.dumps({"step": step, "data": {"start": start}}) + "\n")
         with open(tracker, "w") as t:
             t.write(str(step))
@@ -353,6 +357,46 @@ def test_a_stopped_method_resumes_from_its_last_checkpoint_and_keeps_every_steps
             run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings)
     (run / "ckpt" / "latest_checkpointed_iteration.txt").unlink()
     assert check_method_dir(run, settings, None) == "retrain"
+
+
+def test_a_method_stopped_after_its_last_checkpoint_runs_only_its_validation(tmp_path, monkeypatch):
+    """A run stopped between its last step's checkpoint and the validation after it: the resumed attempt validates
+    the last step (trainer.val_only) and trains no step past trainer.total_training_steps."""
+    import sys
+    from unittest import mock
+
+    from capo_verl.compare import running
+    from capo_verl.compare.report import read_metrics
+
+    real_train_command = running.train_command
+
+    def stand_in(method, config_name, config_dir, run_dir, overrides):
+        full = real_train_command(method, config_name, config_dir, run_dir, overrides)
+        return [sys.executable, "-c", STAND_IN_TRAINER, *(a for a in full if "=" in a and not a.startswith("--"))]
+
+    settings = {"config": "c", "method": "grpo", "composed": {"trainer": {"total_training_steps": 3}}}
+    assert running.final_step(settings) == 3
+    assert running.final_step({"composed": {"trainer": {"total_training_steps": None}}}) is None
+    with mock.patch.object(running, "train_command", side_effect=stand_in):
+        monkeypatch.setenv("STAND_IN_STOP_AFTER", "3")  # the last step's checkpoint is written, then it stops
+        with pytest.raises(RuntimeError):
+            run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=3"], settings=settings)
+        monkeypatch.delenv("STAND_IN_STOP_AFTER")
+        run = run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=3"], settings=settings)
+
+    steps = read_metrics(run / "metrics.jsonl")
+    assert sorted(steps) == [1, 2, 3]  # no step 4
+    assert steps[3] == {"start": 0, "val": 3}
+    done = json.loads((run / "done.json").read_text())
+    assert [(a["start_step"], a.get("val_only", False)) for a in done["attempts"]] == [(0, False), (3, True)]
+    assert "++trainer.val_only=true" not in done["command"]  # the run's training command
+
+    # without the fix, the stand-in (as verl) trains a fourth step from that checkpoint
+    (run / "done.json").unlink()
+    with mock.patch.object(running, "train_command", side_effect=stand_in):
+        with mock.patch.object(running, "final_step", return_value=None):
+            run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=3"], settings=settings)
+    assert 4 in read_metrics(run / "metrics.jsonl")
 
 
 def _dump(path: Path, rows: list[tuple[str, float, bool]]) -> None:

@@ -102,6 +102,13 @@ def _merge_attempt_metrics(run_dir: Path) -> None:
         attempt.unlink()
 
 
+def final_step(settings: dict) -> int | None:
+    """The run's ``trainer.total_training_steps`` from its recorded composed config (``settings["composed"]``), or
+    None where it is not recorded as an integer (verl then derives it from ``trainer.total_epochs``)."""
+    steps = settings.get("composed", {}).get("trainer", {}).get("total_training_steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def run_method(
     method: str, out: Path, config_name: str, config_dir: Path, overrides: list[str], *, settings: dict
 ) -> Path:
@@ -110,7 +117,9 @@ def run_method(
     A folder with ``done.json`` is reused as it is (its settings are checked by
     :func:`capo_verl.compare.outdir.check_method_dir` beforehand). An unfinished one that compare made (it holds
     ``.capo-verl-run.json``; the training was stopped or failed) resumes from its last complete checkpoint when it
-    has one and was made with the same ``settings``; otherwise it is deleted and trained again. ``settings`` are
+    has one and was made with the same ``settings`` (from a checkpoint of its last step,
+    :func:`final_step`, only the validation after that step is run); otherwise it is deleted and trained again.
+    ``settings`` are
     recorded in ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.launch`: Ctrl-C
     stops it (checkpoints kept), and running compare again goes on from there.
 
@@ -140,6 +149,14 @@ def run_method(
         (run_dir / RUN_MARKER).write_text(json.dumps({"method": method, "settings": settings}, indent=1) + "\n")
     cmd = train_command(method, config_name, config_dir, run_dir, overrides)
     start_step = last_checkpoint(run_dir)
+    run_cmd = cmd
+    final = final_step(settings)
+    if start_step and final is not None and start_step >= final:
+        # stopped after its last checkpoint, before (or during) the validation after the last step: verl 0.9.1's
+        # fit() (verl/trainer/ppo/ray_trainer.py) would train a step past trainer.total_training_steps from such a
+        # checkpoint; validating the loaded step and returning (val_only) is what is left of the run
+        run_cmd = [*cmd, "++trainer.val_only=true", "++trainer.val_before_train=true"]
+        print(f"[compare] {method}: step {start_step} is its last: only its validation is left", flush=True)
     log_path = run_dir / "train.log"
     print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
     t0 = time.time()
@@ -147,7 +164,7 @@ def run_method(
         with open(log_path, "a") as log:
             # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
             returncode = run_launched(
-                cmd,
+                run_cmd,
                 cwd=run_dir,
                 env=train_env(run_dir / ATTEMPT_METRICS),
                 stdout=log,
@@ -158,6 +175,8 @@ def run_method(
         _merge_attempt_metrics(run_dir)
         wall = time.time() - t0
         attempt = {"start_step": start_step, "wall_s": round(wall, 3), "returncode": locals().get("returncode")}
+        if run_cmd is not cmd:
+            attempt["val_only"] = True
         with open(run_dir / ATTEMPTS, "a") as f:
             f.write(json.dumps(attempt) + "\n")
     if returncode != 0:
