@@ -117,11 +117,10 @@ def run_method(
     A folder with ``done.json`` is reused as it is (its settings are checked by
     :func:`capo_verl.compare.outdir.check_method_dir` beforehand). An unfinished one that compare made (it holds
     ``.capo-verl-run.json``; the training was stopped or failed) resumes from its last complete checkpoint when it
-    has one and was made with the same ``settings`` (from a checkpoint of its last step,
-    :func:`final_step`, only the validation after that step is run); otherwise it is deleted and trained again.
-    ``settings`` are
-    recorded in ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.launch`: Ctrl-C
-    stops it (checkpoints kept), and running compare again goes on from there.
+    has one and was made with the same ``settings`` (from a checkpoint of its last step, :func:`final_step`, only
+    the validation after that step is run); otherwise it is deleted and trained again. ``settings`` are recorded in
+    ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.launch`: Ctrl-C stops it
+    (checkpoints kept), and running compare again goes on from there.
 
     Raises:
         RuntimeError: the folder exists unfinished and compare did not make it (it is left untouched), or verl's

@@ -7,6 +7,8 @@
 #   .venv/bin/python benchmarks/collect_compare.py ~/capo_pilot/out benchmarks/results/compare_decisive_cpu/pilot
 # SEEDS (default 0,1,2) and METHODS (default "grpo capo") pick the units; one unit a call, e.g.
 # SEEDS=0 METHODS=capo, makes its held-out evaluation when it finishes (amendment 2 in docs/compare.md).
+# PILOT_PATCH=resume_val_only.patch applies that file of this folder to the clone (amendment 3: only to resume a
+# unit stopped after its step-30 checkpoint); done.json then records the code as modified.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -14,7 +16,8 @@ root=${CAPO_PILOT_DIR:-$HOME/capo_pilot}
 commit=$(cat "$here/code_commit.txt")
 mkdir -p "$root"
 [ -d "$root/code/.git" ] || git clone -q "$repo" "$root/code"
-git -C "$root/code" checkout -q "$commit"
+git -C "$root/code" reset -q --hard "$commit"
+[ -z "${PILOT_PATCH:-}" ] || git -C "$root/code" apply "$here/$PILOT_PATCH"
 cd "$root/code"
 export PYTHONPATH=$PWD
 exec "$repo/.venv/bin/python" -m capo_verl.compare --methods ${METHODS:-grpo capo} --seeds "${SEEDS:-0,1,2}" --steps 30 \
