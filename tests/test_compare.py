@@ -599,8 +599,8 @@ def test_defined_difference_reports_only_missing_seeds_and_raises_on_other_fault
 
 
 def test_seeds_summary_secondary_measures_by_hand(tmp_path):
-    """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k and the last steps' entropy, paired by seed;
-    two seeds, two methods; every number by hand."""
+    """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k, AUC-mean and perplexity-consistency ITS, and
+    the last steps' entropy, paired by seed; two seeds, two methods; every number by hand."""
     from capo_verl.compare.seeds import write_seeds_summary
 
     up = [(-1.0, True), (-2.0, False), (-3.0, False)]
@@ -632,8 +632,17 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
         (run / "teacher_forced").mkdir()
         np.save(run / "teacher_forced" / "step10.0.npy", np.array(lpm))
         np.save(run / "teacher_forced" / "step20.partial.0.npy", np.array(lpm))  # a stopped scoring: not a step
+        # lpm: grpo ranks its correct sample first (lpm -1, -2, -3, -4), capo last (-4, -3, -2, -1); every correct
+        # response answers "5", every incorrect one "7"
         lines = [
-            {"data_source": "t", "question_id": q, "sample_index": j, "correct": j < held[m][q]}
+            {
+                "data_source": "t",
+                "question_id": q,
+                "sample_index": j,
+                "correct": j < held[m][q],
+                "answer": "5" if j < held[m][q] else "7",
+                "lpm": -1.0 - j if m == "grpo" else -4.0 + j,
+            }
             for q in (0, 1)
             for j in range(4)
         ]
@@ -658,6 +667,17 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     assert pk["pass@2"]["per_seed"]["capo"] == pytest.approx([(5 / 6 + 0.5) / 2] * 2)
     assert pk["pass@2"]["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(2 / 3 - 1 / 4)
     assert pk["pass@4"]["per_seed"] == {"grpo": [0.5, 0.5], "capo": [1.0, 1.0]}
+
+    # held-out AUC-mean: grpo's question 0 is its only mixed one, ranked right (1); capo ranks both wrong (0).
+    # ITS, perplexity consistency: grpo question 0 C("5") = e^-1 = 0.368 > C("7") = e^-2 + e^-3 + e^-4 = 0.203: right;
+    # question 1 only "7": wrong -> 0.5. capo question 0 C("5") = e^-4 + e^-3 < C("7") = e^-2 + e^-1; question 1
+    # C("5") = e^-4 < e^-3 + e^-2 + e^-1: both wrong -> 0
+    cal = sec["heldout_calibration_its"]["rows"]
+    assert cal["AUC-mean"]["per_seed"] == {"grpo": [1.0, 1.0], "capo": [0.0, 0.0]}
+    assert cal["AUC-mean"]["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(-1.0)
+    its = cal["ITS accuracy, perplexity consistency"]
+    assert its["per_seed"] == {"grpo": [0.5, 0.5], "capo": [0.0, 0.0]}
+    assert its["differences"]["capo - grpo"]["per_seed"] == pytest.approx([-0.5, -0.5])
 
     ent = sec["entropy"]["rows"]["entropy"]
     assert ent["per_seed"] == {"grpo": [5.0, 5.0], "capo": [2.0, 2.0]}

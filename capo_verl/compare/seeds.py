@@ -18,8 +18,8 @@ Each comes with the mean over seeds, a Student-t interval over seeds
 through the spread between seeds) and a two-level bootstrap interval
 (:func:`capo_verl.compare.statistics.hierarchical_bootstrap_diff`: seeds, then questions within each seed).
 
-Secondary measures, each where its files exist, with the same two intervals (one value per seed: the bootstrap
-resamples seeds only):
+Secondary measures, each where its files exist, with the same two intervals (per seed and question where the
+measure is per question; entropy has one value per seed, so its bootstrap resamples seeds only):
 
 - teacher-forced AUC-mean at every scored checkpoint step (``compare --teacher-forced``: the per-question AUC of each
   checkpoint's lpm of the fixed base-model pool against the pool's correctness;
@@ -27,6 +27,8 @@ resamples seeds only):
   the difference of the changes from step 0;
 - held-out unbiased pass@k (k = 1, 2, 4, ... up to the samples per problem; pass@1 is mean@k) of the final
   checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.metrics.per_group_pass_at_k`);
+  beside them, not among the plan's endpoints, the held-out AUC-mean of lpm vs correctness and the accuracy of
+  perplexity-consistency inference-time scaling (paper Algorithm 1, :func:`capo_verl.metrics.its_credit`);
 - ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps, one value per seed.
 
 The two step-0 passes of a seed (every method validates the same base weights with the same rollout seeds) are
@@ -333,15 +335,17 @@ def teacher_forced_values(out: Path, methods: list[str], seeds: list[int]) -> di
 
 
 def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
-    """Per-question unbiased pass@k on the held-out set of every run's final checkpoint: ``{"ks": [1, 2, 4, ...],
-    "values": {method: {k: (S, Q) float64}}}`` (questions sorted by key). None unless every run has its
-    ``eval_generations.jsonl``.
+    """Per-question values on the held-out set of every run's final checkpoint, questions sorted by key: unbiased
+    pass@k (``"values": {method: {k: (S, Q) float64}}``, k = 1, 2, 4, ...), the ROC-AUC of lpm against correctness
+    (``"auc"``: ``{method: (S, Q)}``, NaN for a question that is not mixed) and the credit of perplexity-consistency
+    inference-time scaling (``"its"``: ``{method: (S, Q)}`` in [0, 1], paper Algorithm 1,
+    :func:`capo_verl.metrics.its_credit`). None unless every run has its ``eval_generations.jsonl``.
 
     Raises:
         ValueError: the runs evaluated different questions.
     """
     from capo_verl.evaluation.teacher_forced import question_keys
-    from capo_verl.metrics import per_group_pass_at_k
+    from capo_verl.metrics import its_credit, per_group_auc, per_group_pass_at_k
 
     files = {(k, m): out / f"seed{k}" / m / "eval_generations.jsonl" for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):
@@ -350,19 +354,27 @@ def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | No
     for key, path in files.items():
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         group = question_keys(lines)
-        correct = np.array([r["correct"] for r in lines], dtype=bool)
         qs, counts = np.unique(group, return_counts=True)
         if questions is None:
             questions = qs
         elif not np.array_equal(qs, questions):
             raise ValueError(f"{path}: other held-out questions than {files[next(iter(files))]}")
         n_min = int(counts.min()) if n_min is None else min(n_min, int(counts.min()))
-        per_run[key] = (correct, group)
+        correct = np.array([r["correct"] for r in lines], dtype=bool)
+        lpm = np.array([r["lpm"] for r in lines], dtype=np.float64)
+        answer = [r["answer"] for r in lines]
+        per_run[key] = {
+            "pass": (correct, group),
+            "auc": per_group_auc(lpm, correct, group)[0],
+            "its": its_credit(group, answer, lpm, correct)[0],
+        }
     ks = [2**i for i in range(n_min.bit_length()) if 2**i <= n_min]
     values = {
-        m: {kk: np.stack([per_group_pass_at_k(*per_run[(k, m)], kk)[0] for k in seeds]) for kk in ks} for m in methods
+        m: {kk: np.stack([per_group_pass_at_k(*per_run[(k, m)]["pass"], kk)[0] for k in seeds]) for kk in ks}
+        for m in methods
     }
-    return {"ks": ks, "n_questions": int(len(questions)), "values": values}
+    auc, its = ({m: np.stack([per_run[(k, m)][x] for k in seeds]) for m in methods} for x in ("auc", "its"))
+    return {"ks": ks, "n_questions": int(len(questions)), "values": values, "auc": auc, "its": its}
 
 
 def entropy_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
@@ -415,6 +427,11 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
         rows = {f"pass@{kk}": {m: held["values"][m][kk] for m in methods} for kk in held["ks"]}
         out_["heldout_pass_at_k"] = block(
             f"held-out pass@k, final checkpoints ({held['n_questions']} questions; pass@1 = mean@k)", rows
+        )
+        out_["heldout_calibration_its"] = block(
+            f"held-out AUC-mean and inference-time scaling, final checkpoints ({held['n_questions']} questions; "
+            "reported beside the plan's endpoints)",
+            {"AUC-mean": held["auc"], "ITS accuracy, perplexity consistency": held["its"]},
         )
     ent = entropy_values(out, methods, seeds)
     if ent is not None:
