@@ -101,3 +101,35 @@ def test_sigterm_stops_the_run_with_nothing_left(start_verl, segments, tmp_path)
     assert elapsed < STOP_WITHIN_S, elapsed
     assert "SIGTERM: stopping the run" in run.log
     _assert_nothing_left(run, before, ledger, other)
+
+
+def test_from_its_last_checkpoint_verl_validates_only_with_val_only(run_verl, tmp_path):
+    """A run stopped after its last step's checkpoint, before the validation after that step: with
+    ``trainer.val_only=true trainer.val_before_train=true``, as ``capo-verl compare`` resumes such a run
+    (``capo_verl/compare/running.py``), verl 0.9.1 validates the loaded step and trains nothing; resumed as it is,
+    it trains nothing and logs nothing, so the validation after the last step would be missing."""
+    ckpt = tmp_path / "ckpt"
+    common = [
+        "algorithm.adv_estimator=grpo",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        f"trainer.default_local_dir={ckpt}",
+        "trainer.resume_mode=auto",
+    ]
+    first = run_verl(tmp_path / "first", common)
+    first.assert_ok()
+    assert sorted(first.steps) == [1] and _tracker(ckpt) == 1
+
+    validated = run_verl(tmp_path / "val_only", [*common, "trainer.val_only=true", "trainer.val_before_train=true"])
+    validated.assert_ok()
+    assert list(validated.steps) == [1], validated.steps  # the loaded step's validation, logged at that step
+    assert any(k.startswith("val-core/") for k in validated.steps[1])
+    assert not any(k.startswith(("actor/", "timing_s/")) for k in validated.steps[1])
+    assert _tracker(ckpt) == 1
+
+    again = run_verl(tmp_path / "again", common)
+    again.assert_ok()
+    assert again.steps == {}  # no step past the last, and no validation
+    assert _tracker(ckpt) == 1

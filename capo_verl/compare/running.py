@@ -151,9 +151,9 @@ def run_method(
     run_cmd = cmd
     final = final_step(settings)
     if start_step and final is not None and start_step >= final:
-        # stopped after its last checkpoint, before (or during) the validation after the last step: verl 0.9.1's
-        # fit() (verl/trainer/ppo/ray_trainer.py) would train a step past trainer.total_training_steps from such a
-        # checkpoint; validating the loaded step and returning (val_only) is what is left of the run
+        # stopped after its last checkpoint, before (or during) the validation after the last step: resumed as it
+        # is, verl 0.9.1 trains nothing and skips that validation (tests/test_stop_resume.py); validating the
+        # loaded step and returning (val_only) is what is left of the run
         run_cmd = [*cmd, "++trainer.val_only=true", "++trainer.val_before_train=true"]
         print(f"[compare] {method}: step {start_step} is its last: only its validation is left", flush=True)
     log_path = run_dir / "train.log"
