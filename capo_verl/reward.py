@@ -19,7 +19,14 @@ Grading, per response:
 2. Gold and answer are normalised the same way: surrounding ``$``, ``\\%``/``%`` (so ``25\\%`` equals
    ``25``), degree signs, ``\\$``, a ``\\text{...}`` around the whole answer and ``{,}`` / ``1,234``
    thousands separators go.
-3. Correct if the normalised strings are equal, or math-verify (``parse`` + ``verify``) says the two are
+3. **A plain-number gold needs a plain-number answer.** When the gold is a plain number (an integer or decimal,
+   with or without a sign, ``$`` or thousands separators: ``17``, ``-3``, ``1,000``, ``18.90``), the answer must
+   be one too, up to a variable and ``=`` before it (``x = 17``) and units after it (``17 apples``,
+   ``17 \\text{ dollars}``). An expression that evaluates to the gold (``12 + 5`` for 17, ``18 \\times 4`` for 72,
+   ``\\frac{34}{2}``) scores 0: a GSM8K-style question contains exactly such an expression, and a grader that
+   evaluates it pays a policy for copying the question instead of solving it (docs/evaluation.md, "The reward").
+   Golds of any other form are graded as below, whatever the answer's form.
+4. Correct if the normalised strings are equal, or math-verify (``parse`` + ``verify``) says the two are
    mathematically equal: ``\\frac12`` = ``0.5``, ``1,000`` = ``1000``, tuples, intervals, sets, ``x=3`` vs
    ``3``, algebraically equal expressions.
 
@@ -61,6 +68,8 @@ __all__ = [
     "compute_score",
     "extract_answer",
     "grade",
+    "is_plain_number",
+    "plain_number_answer",
     "last_boxed",
     "normalize_answer",
     "reward_procs",
@@ -176,7 +185,42 @@ def normalize_answer(answer: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------
-# 3. math-verify in worker processes
+# 3. plain-number golds need plain-number answers
+# --------------------------------------------------------------------------------------------------------
+_PLAIN_NUMBER_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$")
+_UNIT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_ASSIGNMENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\s*=\s*")
+_TRAILING_WORDS_RE = re.compile(r"(?<=[\d.])\s*[A-Za-z][A-Za-z .]*$")
+
+
+def is_plain_number(normalized: str) -> bool:
+    """Is a normalised answer (:func:`normalize_answer`) a plain number: an integer or decimal with an optional sign
+    and an optional leading ``$`` (``17``, ``-3``, ``18.90``, ``.5``, ``$17``)? Thousands separators are already gone
+    after :func:`normalize_answer`. Expressions (``12 + 5``), fractions, radicals, sets and words are not."""
+    s = normalized.strip()
+    if s.startswith("$"):
+        s = s[1:].strip()
+    return bool(_PLAIN_NUMBER_RE.match(s))
+
+
+def plain_number_answer(normalized: str) -> str | None:
+    """The plain number a normalised answer states, or None if it states anything else.
+
+    Accepted around the number: a variable and ``=`` before it (``x = 17``), units after it in ``\\text{..}`` (or
+    ``\\mathrm``, ``\\mbox``) or as plain words (``17 apples``), a leading ``$``. Rejected: any arithmetic (``12 + 5``,
+    ``18 \\times 4``, ``\\frac{34}{2}``, ``2^3``), two numbers, no number. Used for golds that are plain numbers
+    (:func:`grade`)."""
+    s = _UNIT_WRAP_RE.sub(" ", normalized).strip()
+    s = _ASSIGNMENT_RE.sub("", s)
+    s = _TRAILING_WORDS_RE.sub("", s).strip()
+    s = s.replace(",", "") if re.fullmatch(r"[+-]?\$?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) else s
+    if not is_plain_number(s):
+        return None
+    return s[1:].strip() if s.startswith("$") else s
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4. math-verify in worker processes
 # --------------------------------------------------------------------------------------------------------
 # The child runs this code with ``python -c`` (it does not import capo_verl, whose ``__init__`` imports verl and
 # torch: a worker needs only math-verify, ~0.5 s to start and ~100 MB). Protocol: one JSON line per request
@@ -382,8 +426,16 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
     global _n_timeouts
     check_timeout(timeout_s)
     gold_n = normalize_answer(gold)
+    numeric_gold = is_plain_number(gold_n)
+    if numeric_gold:
+        gold_n = gold_n.lstrip("$").strip()
     if answer is not None:
         answer_n = normalize_answer(answer)
+        if numeric_gold:  # module docstring, point 3: an expression that evaluates to the gold scores 0
+            number = plain_number_answer(answer_n)
+            if number is None:
+                return False, answer_n
+            answer_n = number
         if answer_n == gold_n:
             return True, answer_n
         if len(answer_n) > MAX_ANSWER_CHARS or len(gold_n) > MAX_ANSWER_CHARS:
@@ -409,7 +461,12 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
     if not reply["ok"]:
         logger.warning("capo_verl.reward: math-verify failed (%s); scoring 0.0", reply["error"])
         return False, answer_n
-    return bool(reply["correct"]), answer_n or reply["pred"]
+    shown = answer_n or reply["pred"]
+    if answer is None and numeric_gold:  # the expression math-verify took from the end of the text (point 3)
+        stated = reply["pred"].rsplit("=", 1)[-1]  # "3 * 4 = 12" states 12
+        if plain_number_answer(normalize_answer(stated)) is None:
+            return False, shown
+    return bool(reply["correct"]), shown
 
 
 def compute_score(

@@ -100,7 +100,8 @@ def test_wrong_answers_score_zero():
         ("1000000", "\\boxed{1{,}000{,}000}", 1.0),
         ("1234567", "\\boxed{1,234,567}", 1.0),
         ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),
-        ("0.75", "\\boxed{\\dfrac{3}{4}}", 1.0),
+        ("\\frac{3}{4}", "\\boxed{0.75}", 1.0),
+        ("0.75", "\\boxed{\\dfrac{3}{4}}", 0.0),  # a plain-number gold needs a plain-number answer
         ("\\frac{1}{3}", "\\boxed{0.333333}", 1.0),
         ("\\frac{1}{3}", "\\boxed{0.3}", 0.0),
         ("(1,2)", "\\boxed{(1, 2)}", 1.0),
@@ -200,7 +201,7 @@ def test_numpy_number_ground_truth():
     """Numbers straight from numpy arrays grade like python numbers (np.int64 is not an int subclass)."""
     assert compute_score("x", "\\boxed{27}", np.int64(27)) == {"score": 1.0, "acc": 1.0, "pred": "27"}
     assert compute_score("x", "\\boxed{27}", np.float32(27.0))["score"] == 1.0
-    assert compute_score("x", "\\boxed{\\frac{5}{2}}", np.float64(2.5))["score"] == 1.0
+    assert compute_score("x", "\\boxed{2.50}", np.float64(2.5))["score"] == 1.0
 
 
 @pytest.mark.parametrize("timeout_s", [0, -1.0, float("inf"), float("nan"), "10", None, True])
@@ -234,10 +235,96 @@ def test_reward_procs_default_and_value():
     assert reward.reward_procs({"CAPO_REWARD_PROCS": " 3 "}) == 3
 
 
+# --- a plain-number gold needs a plain-number answer (no pay for copying the question's expression) ----------
+@pytest.mark.parametrize(
+    "response,gold",
+    [
+        ("Answer: 12 + 5", "17"),
+        ("12 + 5", "17"),
+        ("Answer: 18 * 4", "72"),
+        ("The answer is 48 - 17", "31"),
+        ("\\boxed{48-17}", "31"),
+        ("\\boxed{18 \\times 4}", "72"),
+        ("\\boxed{\\frac{34}{2}}", "17"),
+        ("\\boxed{2^3}", "8"),
+        ("#### 6 * 7", "42"),
+        ("So the total is 12 = 3*4", "12"),  # no marker: math-verify's last expression, 3*4
+        ("\\boxed{12 + 5 \\text{ apples}}", "17"),
+        ("\\boxed{\\$ 5 \\cdot 3}", "15"),
+        ("\\boxed{-(3)}", "-3"),
+    ],
+)
+def test_echoed_expression_scores_zero(response, gold):
+    """An expression that evaluates to a plain-number gold is not an answer: a GSM8K one-step question contains
+    exactly that expression, and paying for it paid a policy for copying the question."""
+    assert compute_score("gsm8k_calc", response, gold)["score"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "response,gold",
+    [
+        ("The answer is \\boxed{17}.", "17"),
+        ("Answer: 17", "17"),
+        ("Answer: 17.", "17"),
+        ("\\boxed{$17}", "17"),
+        ("She pays \\boxed{\\$1,234.50}.", "1234.5"),
+        ("\\boxed{1,000}", "1000"),
+        ("\\boxed{1000}", "1,000"),
+        ("#### -3", "-3"),
+        ("\\boxed{x = 17}", "17"),
+        ("\\boxed{17 \\text{ apples}}", "17"),
+        ("Answer: 17 apples", "17"),
+        ("We get 3 * 4 = 12", "12"),
+        ("\\boxed{17.0}", "17"),
+        ("\\boxed{0.5}", "0.50"),
+        ("\\boxed{25\\%}", "25"),
+    ],
+)
+def test_plain_numeric_answers_still_score_one(response, gold):
+    assert compute_score("gsm8k_calc", response, gold)["score"] == 1.0
+
+
+def test_done_when_cases():
+    assert compute_score("gsm8k_calc", "Answer: 12 + 5", "17")["score"] == 0
+    assert compute_score("gsm8k_calc", "The answer is \\boxed{17}.", "17")["score"] == 1
+
+
+@pytest.mark.parametrize(
+    "response,gold",
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5 + 0"),
+        ("\\boxed{2 \\cdot 3}", "\\sqrt{36}"),
+        ("\\boxed{(x+1)^2}", "x^2+2x+1"),
+        ("\\boxed{0.5}", "\\frac{1}{2}"),
+    ],
+)
+def test_expression_golds_are_graded_as_before(response, gold):
+    """Golds that are not plain numbers go to math-verify whatever the answer's form."""
+    assert compute_score("math", response, gold)["score"] == 1.0
+
+
+def test_plain_number_helpers():
+    assert [reward.is_plain_number(s) for s in ("17", "-3", "18.90", ".5", "$17", "12 + 5", "\\frac{1}{2}", "")] == [
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert reward.plain_number_answer("x = 17") == "17"
+    assert reward.plain_number_answer("17 \\text{ dollars}") == "17"
+    assert reward.plain_number_answer("$1,234") == "1234"
+    assert reward.plain_number_answer("12 + 5") is None
+    assert reward.plain_number_answer("17 and 18") is None
+
+
 # --- threads and time bound -----------------------------------------------------------------------------
 def test_runs_in_worker_threads_like_verl():
     """verl calls compute_score from executor threads (no signals there): results stay right and aligned."""
-    cases = [(f"\\boxed{{\\frac{{{k}}}{{2}}}}", str(k / 2), 1.0) for k in range(1, 25)]
+    cases = [(f"\\boxed{{{k / 2}}}", f"\\frac{{{k}}}{{2}}", 1.0) for k in range(1, 25)]
     cases += [(f"\\boxed{{{k}}}", str(k + 1), 0.0) for k in range(1, 25)]
     with ThreadPoolExecutor(max_workers=8) as pool:
         outs = list(pool.map(lambda c: compute_score("t", c[0], c[1]), cases))
@@ -248,12 +335,12 @@ def test_pathological_answer_times_out_cleanly():
     """sympy would expand 9^(9^(9^9)) for ever; the call returns 0.0 within the bound and the pool recovers."""
     compute_score("warm", "\\boxed{1}", "2")  # a worker is up (its ~1 s start-up is not part of the bound)
     start = time.monotonic()
-    out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}}", "3", timeout_s=2.0)
+    out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}}", "3^{2}", timeout_s=2.0)
     elapsed = time.monotonic() - start
     assert out == {"score": 0.0, "acc": 0.0, "pred": "9^{9^{9^{9}}}"}
     assert elapsed < 2.0 + 3.0, elapsed
     # the hung worker was killed; the next calls get a fresh one and grade normally
-    assert compute_score("after", "\\boxed{\\frac{6}{4}}", "1.5")["score"] == 1.0
+    assert compute_score("after", "\\boxed{1.5}", "\\frac{6}{4}")["score"] == 1.0
 
 
 def test_pathological_answers_in_threads_stay_bounded():
@@ -264,7 +351,7 @@ def test_pathological_answers_in_threads_stay_bounded():
     def call(_):
         started.wait()
         t0 = time.monotonic()
-        out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}} ", "3", timeout_s=1.5)
+        out = compute_score("patho", "\\boxed{9^{9^{9^{9}}}} ", "3^{2}", timeout_s=1.5)
         return out["score"], time.monotonic() - t0
 
     with ThreadPoolExecutor(max_workers=n) as pool:
