@@ -26,7 +26,10 @@ Grading, per response:
    ``\\frac{34}{2}``) scores 0: a GSM8K-style question contains exactly such an expression, and a grader that
    evaluates it pays a policy for copying the question instead of solving it (docs/evaluation.md, "The reward").
    Golds of any other form are graded as below, whatever the answer's form.
-4. Correct if the normalised strings are equal, or math-verify (``parse`` + ``verify``) says the two are
+4. Matrices (``\\begin{pmatrix}..\\end{pmatrix}``, ``bmatrix``) are compared entry by entry, each entry by the
+   rules here, when both sides are one: math-verify parses neither ``-1/3`` nor a spaced ``-2 \\\\ -14`` inside
+   them (7 of MATH-500's golds are matrices).
+5. Correct if the normalised strings are equal, or math-verify (``parse`` + ``verify``) says the two are
    mathematically equal: ``\\frac12`` = ``0.5``, ``1,000`` = ``1000``, tuples, intervals, sets, ``x=3`` vs
    ``3``, algebraically equal expressions.
 
@@ -71,6 +74,7 @@ __all__ = [
     "is_plain_number",
     "plain_number_answer",
     "last_boxed",
+    "matrix_entries",
     "normalize_answer",
     "reward_procs",
 ]
@@ -191,6 +195,18 @@ _PLAIN_NUMBER_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$")
 _UNIT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\s*=\s*")
 _TRAILING_WORDS_RE = re.compile(r"(?<=[\d.])\s*[A-Za-z][A-Za-z .]*$")
+
+
+_MATRIX_RE = re.compile(r"^\\begin\{([pb]matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
+
+
+def matrix_entries(normalized: str) -> list[list[str]] | None:
+    """Rows of entries of a ``\\begin{pmatrix}..\\end{pmatrix}`` (or ``bmatrix``) answer; None if it is not one.
+    Rows end at ``\\\\`` or at ``\\`` + space (:func:`normalize_answer` turns ``\\\\ `` into ``\\ ``)."""
+    m = _MATRIX_RE.match(normalized.strip())
+    if m is None:
+        return None
+    return [[e.strip() for e in row.split("&")] for row in re.split(r"\\\\|\\ ", m.group(2)) if row.strip()]
 
 
 def is_plain_number(normalized: str) -> bool:
@@ -438,6 +454,12 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
             answer_n = number
         if answer_n == gold_n:
             return True, answer_n
+        gold_m, answer_m = matrix_entries(gold_n), matrix_entries(answer_n)
+        if gold_m is not None and answer_m is not None:  # module docstring, point 4
+            same_shape = [len(r) for r in gold_m] == [len(r) for r in answer_m]
+            return same_shape and all(
+                grade(g, a, "", timeout_s)[0] for gr, ar in zip(gold_m, answer_m) for g, a in zip(gr, ar)
+            ), answer_n
         if len(answer_n) > MAX_ANSWER_CHARS or len(gold_n) > MAX_ANSWER_CHARS:
             return False, answer_n[:MAX_ANSWER_CHARS]
         pred_text = "\\boxed{" + answer_n + "}"

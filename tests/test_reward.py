@@ -131,6 +131,18 @@ def test_wrong_answers_score_zero():
         ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}", 1.0),  # unclosed box = no box: the final expression
         ("3", "\\boxed{3} and then the response was cut off \\boxed{\\frac{1", 1.0),
         ("27", "\\boxed{27.0}", 1.0),
+        (
+            "\\begin{pmatrix}-1/3\\\\2/3\\end{pmatrix}",
+            "\\boxed{\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\end{pmatrix}}",
+            1.0,
+        ),
+        (
+            "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}",
+            "\\boxed{\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}}",
+            1.0,
+        ),
+        ("\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}", "\\boxed{\\begin{pmatrix} -1 & 0 & 0 & -1 \\end{pmatrix}}", 0.0),
+        ("\\begin{pmatrix}2\\\\3\\end{pmatrix}", "\\boxed{\\begin{pmatrix} 3 \\\\ 2 \\end{pmatrix}}", 0.0),
     ],
 )
 def test_tricky_forms(gold, response, expected):
