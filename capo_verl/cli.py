@@ -14,6 +14,11 @@ COMMANDS = {
         "main",
         "train methods under identical settings, compare calibration (plots, CIs)",
     ),
+    "mask-thresholds": (
+        "capo_verl.mask_thresholds",
+        "main",
+        "CAPO's ref_high / ref_low from the reference model's perplexity quartiles (paper section 4)",
+    ),
     "smollm2": ("capo_verl.models", "main", "convert the offline SmolLM2-135M-Instruct GGUF to an HF checkpoint"),
     "demo": ("capo_verl.demo", "main", "run the capo estimator on a real verl DataProto and print it"),
 }
