@@ -444,3 +444,9 @@ def test_top1_mask_and_top_k_log_probs_under_ties_in_bf16(temperature):
         | torch.nn.functional.one_hot(labels, 300).bool()
     )
     assert (grad[~hit] == 0).all() and grad.gather(-1, rule)[rule != labels.unsqueeze(-1)].ne(0).all()
+
+
+def test_top_k_indices_rank_nan_above_numbers_as_topk_does():
+    nan = float("nan")
+    x = torch.tensor([[nan, nan, 5.0, 5.0, 1.0], [1.0, 2.0, nan, 2.0, 2.0]], dtype=torch.bfloat16)
+    assert top_k_indices(x, 3).tolist() == [[0, 1, 2], [2, 1, 3]]

@@ -296,14 +296,14 @@ def top_k_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     the order is value descending, then index ascending. So column 0 is ``torch.argmax``'s choice (the lowest
     index of the maximum). ``torch.topk`` alone does not fix this: which of several equal values it returns, and
     in which order, is unspecified and differs between CPU and CUDA (bf16 logits tie often: 9.5% of rows at the
-    3rd place and 3.9% at the top in a 4,096-token vocabulary, measured on an H200 run).
+    4th place and 3.9% at the top in a 4,096-token vocabulary, measured on an H200 run).
 
     How: ``torch.topk`` with K + 1 gives the K-th and (K+1)-th largest values (values are the same on every
     device; only the indices of equal values are not). Rows where the two are equal (a tie at the K-th place) are
     redone: the entries above ``v_K``, then the first ``K - #above`` entries equal to ``v_K`` by a cumulative count
     along the row. Last, the K indices are sorted ascending and then stably by value descending. Extra memory:
     ``(t, V)`` (bool, int32 and a copy in ``scores``' dtype) for the ``t`` tied rows only; no extra pass over the
-    other rows. Rows with NaN are not covered by the rule (their loss is NaN anyway).
+    other rows. NaN ranks above every number, as in ``torch.topk`` (such a row's loss is NaN anyway).
 
     Args:
         scores: ``(n, V)`` float (e.g. scaled logits, any float dtype), no gradient needed.
@@ -322,7 +322,7 @@ def top_k_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
         tied = (values[:, k - 1] == values[:, k]).nonzero().squeeze(-1) if k < vocab else index.new_empty(0)
         if tied.numel():
             sub, sub_kth = scores[tied], kth[tied]  # (CPU: bf16 index_select is ~10x slower than indexing)
-            above = sub > sub_kth
+            above = (sub > sub_kth) | sub.isnan()  # NaN ranks above everything, as in torch.topk
             at = sub == sub_kth
             need = k - above.sum(dim=-1, keepdim=True)
             keep = above | (at & (at.cumsum(dim=-1, dtype=torch.int32) <= need))  # exactly K per row
