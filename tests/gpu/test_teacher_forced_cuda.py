@@ -10,8 +10,10 @@ Tolerances on the per-response mean log-prob (lpm, nats), against CPU float64:
 - CUDA float32: 1e-3. float32 logits over a few layers and a log-softmax differ from float64 by ~1e-6 (1.7e-6 on
   an NVIDIA H200); 1e-3 also holds where a site turns on TF32 matmuls (10-bit mantissa), and is far below the
   differences between checkpoints that the scores rank (tenths of a nat).
-- CUDA bf16: 5e-2. bf16 weights and activations carry 8-bit mantissas (relative 2^-9 per op); logits of a few
-  units then move by ~1e-2 and so does their mean (0.013 on the H200). 5e-2 is 4x that.
+- CUDA bf16: 1% of |lpm|. bf16 weights and activations keep 8 significant bits (relative 2^-8 = 0.4% per
+  rounding), so an lpm of -10 nats moves by a few hundredths: 0.36% of |lpm| (0.035 nats at -9.6) with bf16 on
+  the CPU for this model, 0.013 nats on the H200 with another tiny model. 1% is 2.5x bf16's unit roundoff and
+  about 3x the CPU's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2}
+TOLERANCE = {"float32": (1e-3, 0.0), "bfloat16": (0.0, 1e-2)}  # (absolute nats, relative to |lpm|)
 QUESTIONS = (
     "What is 2+3?",
     "Natalia sold clips to 48 of her friends in April. How many in May?",
@@ -85,10 +87,14 @@ def test_teacher_forced_lpm_on_cuda_matches_cpu_float64(setup, dtype):
     lpm, info = score(setup, DEVICE, dtype)
     assert lpm.shape == ref.shape == (len(QUESTIONS) * PER_QUESTION,)
     assert np.isfinite(lpm).all() and info.retokenized == len(QUESTIONS)
-    diff = float(np.abs(lpm - ref).max())
-    assert diff <= TOLERANCE[dtype], f"{DEVICE} {dtype}: lpm differs from CPU float64 by {diff:.3g} nats"
+    atol, rtol = TOLERANCE[dtype]
+    excess = np.abs(lpm - ref) - (atol + rtol * np.abs(ref))
+    worst = int(np.argmax(excess))
+    assert excess[worst] <= 0, (
+        f"{DEVICE} {dtype}: lpm {lpm[worst]:.6g} vs CPU float64 {ref[worst]:.6g} (response {worst})"
+    )
     pool = setup[2]
     keys = tf.question_keys(pool)
     correct = [r["correct"] for r in pool]
     got, want = tf.teacher_forced_metrics(lpm, correct, keys), tf.teacher_forced_metrics(ref, correct, keys)
-    assert got["lpm_mean"] == pytest.approx(want["lpm_mean"], abs=TOLERANCE[dtype])
+    assert got["lpm_mean"] == pytest.approx(want["lpm_mean"], abs=atol, rel=rtol)
