@@ -16,11 +16,13 @@ import torch
 from capo_verl.losses.simko import (
     SimKOParams,
     entropy_quantile_threshold,
+    gaps_from_picked,
     gather_with_inplace_grad,
     parse_simko_config,
     simko_diagnostics,
     simko_terms,
-    topk_logit_gaps,
+    top_k_indices,
+    topk_and_entropy,
 )
 
 
@@ -279,6 +281,17 @@ def test_diagnostics():
 
 
 # --- top-K log-probs from logits -------------------------------------------------------------------------------------
+def topk_logit_gaps(logits, labels, top_k, temperature=None, rows=None, with_entropy=False, chunk_size=2048):
+    """The engine's sequence (capo_verl/compat/simko.py::_simko_model_outputs): top-K indices and entropy, the
+    [label, top-K] logits gathered with the in-place gradient, then gaps and the top-1 mask."""
+    top_index, entropy = topk_and_entropy(logits, top_k, temperature, rows, with_entropy, chunk_size)
+    index = torch.cat([labels.reshape(-1, 1).to(torch.long), top_index], dim=-1)  # (N, 1 + K)
+    used = torch.arange(logits.shape[0]) if rows is None else rows
+    _, picked = gather_with_inplace_grad(logits, used, index)
+    gaps, is_top1 = gaps_from_picked(picked, temperature)
+    return gaps, is_top1, entropy
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [None, 0.7])
 def test_topk_gaps_plus_log_prob_are_the_top_k_log_probs(dtype, temperature):
@@ -294,7 +307,9 @@ def test_topk_gaps_plus_log_prob_are_the_top_k_log_probs(dtype, temperature):
     gaps, is_top1, entropy = topk_logit_gaps(logits, labels, k, temp, chunk_size=7)
     assert entropy is None
     ours = log_prob.unsqueeze(-1) + gaps
-    direct = logp_all.gather(-1, scaled.detach().float().topk(k, -1).indices)
+    # the tie rule (value descending, then token id ascending) as a stable sort: bf16 logits here do tie
+    rule = scaled.detach().float().sort(dim=-1, descending=True, stable=True).indices[:, :k]
+    direct = logp_all.gather(-1, rule)
     torch.testing.assert_close(ours, direct, rtol=0, atol=2e-5)
     assert torch.equal(is_top1, labels == scaled.detach().float().argmax(-1))
     weights = torch.randn(N, k, generator=g)
@@ -347,3 +362,91 @@ def test_gather_with_inplace_grad_equals_a_plain_gather(use_alias):
     plain = plain + (torch.log_softmax(logits, -1)[..., 2].sum() if use_alias else 0.0)
     (expected,) = torch.autograd.grad(plain, logits)
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+
+
+# --- ties: one rule on every device ----------------------------------------------------------------------------------
+def _tied_bf16_logits(n=96, vocab=500, seed=11):
+    """bf16 logits with many exact ties: values on a coarse grid (as bf16 rounds large logits), plus rows built by
+    hand (all equal; a tie at the top; a tie at the K-th place wider than K)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randint(-40, 9, (n, vocab), generator=g).float() / 2).to(torch.bfloat16)
+    logits[0] = 1.0  # every token ties
+    logits[1, [7, 3, 250, 299]] = 9.0  # 4-way tie at the top
+    logits[2, 17] = 9.5
+    logits[2, [290, 5, 90, 201, 6]] = 9.0  # 1 above, 5-way tie at places 2-6
+    return logits
+
+
+def _rule(row: torch.Tensor, k: int) -> list[int]:
+    """The tie rule in plain Python: value descending, then token id ascending."""
+    values = row.float().tolist()
+    return sorted(range(len(values)), key=lambda v: (-values[v], v))[:k]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_top_k_indices_follow_the_tie_rule_on_bf16_logits_built_to_tie(k):
+    logits = _tied_bf16_logits()
+    ordered = logits.float().sort(dim=-1, descending=True).values
+    assert (ordered[:, k - 1] == ordered[:, k]).float().mean() > 0.5  # the K-th place ties in most rows
+    assert (ordered[:, 0] == ordered[:, 1]).float().mean() > 0.1  # and the top in some
+    got = top_k_indices(logits, k)
+    assert got.dtype == torch.long and got.shape == (logits.shape[0], k)
+    assert got.tolist() == [_rule(row, k) for row in logits]
+    assert torch.equal(got[:, 0], logits.argmax(-1))  # column 0: torch.argmax's documented choice (lowest id)
+    assert got[0].tolist() == list(range(k))
+    assert got[1, :4].tolist() == [3, 7, 250, 299][:k] and got[2].tolist() == [17, 5, 6, 90, 201][:k]
+
+
+@pytest.mark.parametrize("order", ["highest_id_first", "shuffled"])
+def test_top_k_indices_do_not_depend_on_torch_topk_tie_order(monkeypatch, order):
+    """CUDA's topk returns other tied ids than the CPU's; a topk that breaks ties in another way (highest id first,
+    or at random) must give the same result."""
+    logits = _tied_bf16_logits(seed=12)
+    expected = top_k_indices(logits, 3)
+    real_topk = torch.topk
+    g = torch.Generator().manual_seed(0)
+
+    def other_topk(x, k, dim=-1, **kwargs):
+        perm = torch.randperm(x.shape[-1], generator=g) if order == "shuffled" else torch.arange(x.shape[-1]).flip(0)
+        values, index = real_topk(x[..., perm], k, dim=dim, **kwargs)
+        return torch.return_types.topk((values, perm[index]))
+
+    monkeypatch.setattr(torch, "topk", other_topk)
+    got = top_k_indices(logits, 3)
+    assert not torch.equal(torch.topk(logits, 3).indices, real_topk(logits, 3).indices)  # the stand-in differs
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("temperature", [None, 0.7])
+def test_top1_mask_and_top_k_log_probs_under_ties_in_bf16(temperature):
+    """A sampled token tied with the maximum counts as top-1 (also when another tied id is first); the top-K
+    log-probs are the tied tokens' by the rule, with the gradient on those tokens."""
+    logits = _tied_bf16_logits(n=40, vocab=300, seed=13)
+    logits[3] = -5.0
+    logits[3, [40, 41]] = 3.0  # row 3: tie at the top
+    labels = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1))
+    labels[3] = 41  # tied with the max, not the lowest tied id
+    labels[4] = logits[4].float().argmax()
+    temp = None if temperature is None else torch.full((40,), temperature)
+    logits.requires_grad_(True)
+    gaps, is_top1, _ = topk_logit_gaps(logits, labels, 3, temp, chunk_size=16)
+    scaled = logits.detach() if temp is None else logits.detach() / temp.to(torch.bfloat16).unsqueeze(-1)
+    scaled = scaled.float()
+    assert torch.equal(is_top1, scaled.gather(-1, labels.unsqueeze(-1)).squeeze(-1) >= scaled.max(-1).values)
+    assert is_top1[3] and is_top1[4] and labels[3] != scaled[3].argmax()
+    rule = torch.tensor([_rule(row, 3) for row in scaled])
+    logp = torch.log_softmax((logits if temp is None else logits / temp.to(torch.bfloat16).unsqueeze(-1)).float(), -1)
+    log_prob = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(log_prob.detach().unsqueeze(-1) + gaps.detach(), logp.detach().gather(-1, rule))
+    (grad,) = torch.autograd.grad(gaps.sum(), logits)
+    hit = (
+        torch.zeros(40, 300, dtype=torch.bool).scatter_(-1, rule, True)
+        | torch.nn.functional.one_hot(labels, 300).bool()
+    )
+    assert (grad[~hit] == 0).all() and grad.gather(-1, rule)[rule != labels.unsqueeze(-1)].ne(0).all()
+
+
+def test_top_k_indices_rank_nan_above_numbers_as_topk_does():
+    nan = float("nan")
+    x = torch.tensor([[nan, nan, 5.0, 5.0, 1.0], [1.0, 2.0, nan, 2.0, 2.0]], dtype=torch.bfloat16)
+    assert top_k_indices(x, 3).tolist() == [[0, 1, 2], [2, 1, 3]]
