@@ -87,7 +87,13 @@ _capo_python() {
 _capo_dry_run() {
     local python="$1"
     shift
-    "$python" -m capo_verl.launch --dry-run "$@"
+    "$python" - "$@" <<'PY'
+import sys
+
+from capo_verl.launch import main
+
+sys.exit(main(["--dry-run", *sys.argv[1:]]))
+PY
 }
 
 # capo_launch CONFIG_NAME MODEL_PATH [--dry-run] [HYDRA_OVERRIDE ...]
