@@ -209,7 +209,7 @@ def check_estimator(config) -> str | None:
         return None
     known = registered_estimators()
     if name not in known:
-        guess = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+        guess = difflib.get_close_matches(str(name).lower(), known, n=1, cutoff=0.5)
         ours = [n for n in known if n in ESTIMATORS]
         verls = [n for n in known if n not in ESTIMATORS]
         raise ValueError(
@@ -290,10 +290,10 @@ def check_method_configs(config) -> None:
     use_v1 = _get(_get(config, "trainer"), "use_v1")
     if name == "cde" and cde.w_zero_after_step is not None and use_v1 is False:
         raise ValueError(
-            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer: "
-            "with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
-            "estimator, and the first update would stop. Set trainer.use_v1=true, or "
-            "algorithm.cde.w_zero_after_step=null for a constant bonus weight."
+            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer "
+            "(with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
+            "estimator, and the first update would stop); set trainer.use_v1=true, or "
+            "algorithm.cde.w_zero_after_step=null for a constant bonus weight"
         )
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)
