@@ -20,8 +20,9 @@ SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers 
    ``$TMPDIR/capo-ray-XXXXXXXX/ray/session_*`` (``RAY_TMPDIR``; ``/tmp`` when ``TMPDIR`` is unset), instead of
    ``/tmp/ray``, which every Ray on the machine shares. When the run ends with status 0, or is stopped by a signal,
    and none of its processes is left, the launcher removes that folder: no other program uses it. After a failure
-   it is kept, for Ray's logs, and its path is printed. With ``RAY_ADDRESS`` (an existing cluster, whose session
-   folder is the cluster's) or ``RAY_TMPDIR`` set, the launcher changes nothing and removes nothing.
+   it is kept, for Ray's logs, and its path is printed (an empty one is removed). With ``RAY_ADDRESS`` (an
+   existing cluster, whose session folder is the cluster's) or ``RAY_TMPDIR`` set, the launcher changes nothing and
+   removes nothing. A launcher killed by SIGKILL cannot remove it.
 
 ``python -m capo_verl.launch --dry-run -- python -m verl.trainer.main_ppo ...`` starts nothing: it composes the
 command's config as verl's trainer does, runs verl's ``validate_config`` (with capo-verl's checks) and prints the
@@ -137,7 +138,7 @@ class Run:
         self.stop_time: float | None = None
         self.kill_now = False
         self.proc: subprocess.Popen | None = None
-        self.ray_tmpdir = own_ray_tmpdir()
+        self.ray_tmpdir: str | None = None
 
     def _say(self, message: str) -> None:
         print(f"capo-verl launch: {message}", file=self.log, flush=True)
@@ -180,7 +181,7 @@ class Run:
         """Remove the run's own Ray folder (module docstring, point 4), or say where it is kept and why."""
         if self.ray_tmpdir is None or not os.path.isdir(self.ray_tmpdir):
             return
-        if rc != 0 and self.stop_signal is None:
+        if rc != 0 and self.stop_signal is None and os.listdir(self.ray_tmpdir):
             self._say(f"the run failed; Ray's logs of it are kept in {self.ray_tmpdir} (delete the folder when done)")
         elif run_processes(self.ledger, session):
             self._say(f"processes of the run still alive: its Ray folder {self.ray_tmpdir} is kept")
@@ -193,6 +194,7 @@ class Run:
         rc, session = 1, -1
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
+            self.ray_tmpdir = own_ray_tmpdir()
             env = None if self.ray_tmpdir is None else {**os.environ, "RAY_TMPDIR": self.ray_tmpdir}
             self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal, env=env)
             session = self.proc.pid
