@@ -16,7 +16,7 @@ SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers 
    (``trainer.resume_mode=auto``) reads that file.
 3. However the command ends, the run's processes still alive are stopped the same way, then the segments in the
    ledger are removed (:func:`capo_verl.compat.shm.cleanup_run`); nothing another program made is touched.
-4. Ray's session folder (logs, sockets, spilled objects; about 10-20 MB a run) goes to a folder of the run's own,
+4. Ray's session folder (logs, sockets, spilled objects; Ray never deletes it) goes to a folder of the run's own,
    ``$TMPDIR/capo-ray-XXXXXXXX/ray/session_*`` (``RAY_TMPDIR``; ``/tmp`` when ``TMPDIR`` is unset), instead of
    ``/tmp/ray``, which every Ray on the machine shares. When the run ends with status 0, or is stopped by a signal,
    and none of its processes is left, the launcher removes that folder: no other program uses it. After a failure

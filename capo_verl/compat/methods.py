@@ -25,7 +25,14 @@
      ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` (first weight sync; :func:`capo_verl.compat.vllm_cpu.sync_timeout_s`).
      The launcher's environment is what Ray hands to its workers, so checking it there checks theirs.
 
-   Every refusal is a ValueError naming the key and the fix. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
+   - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
+     estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
+     ``ref_high`` with the mask on (:func:`check_mask_thresholds`);
+   - the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
+     steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
+
+   Every refusal is one ValueError line naming the key, the value, what is allowed and a fix that works when
+   appended to the command line. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
    trainer whatever ``trainer.use_v1`` says; the check cannot see that.
 
 :mod:`capo_verl.plugin` (the ``verl.plugins`` entry point loaded at every ``import verl``) calls
