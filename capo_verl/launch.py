@@ -58,15 +58,20 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: prefix of the run's own Ray temp folder (short: Ray's socket paths under it must stay below 107 bytes)
 RAY_DIR_PREFIX = "capo-ray-"
+#: Ray's longest socket path below its temp folder (a 7-digit pid)
+_RAY_SOCKET_TAIL = "ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
 
 
 def own_ray_tmpdir(environ=os.environ) -> str | None:
-    """A new, empty folder for the run's Ray session (to be its ``RAY_TMPDIR``), in the folder Ray would use
-    (``TMPDIR``, else ``/tmp``); None when ``RAY_TMPDIR`` is set (the user's choice) or ``RAY_ADDRESS`` names an
-    existing cluster (the session folder is the cluster's)."""
+    """A new, empty folder for the run's Ray session (to be its ``RAY_TMPDIR``), in the folder Ray would use:
+    ``TMPDIR``, else ``/tmp`` (also when ``TMPDIR`` is too long for Ray's socket paths). None when ``RAY_TMPDIR`` is
+    set (the user's choice) or ``RAY_ADDRESS`` names an existing cluster (the session folder is the cluster's)."""
     if environ.get("RAY_TMPDIR") or environ.get("RAY_ADDRESS"):
         return None
-    return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=environ.get("TMPDIR") or "/tmp")
+    base = environ.get("TMPDIR") or "/tmp"
+    if len(os.path.join(base, RAY_DIR_PREFIX + "X" * 8, _RAY_SOCKET_TAIL)) > 107:  # a Unix socket path's limit
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=base)
 
 
 def run_processes(ledger: str, session: int | None = None) -> list[int]:
