@@ -5,9 +5,11 @@ well or is stopped, keeps it after a failure (Ray's logs), and touches no other 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,14 @@ def _start(tmp_path: Path, arg: str, **env_extra: str) -> tuple[subprocess.Popen
 
 
 @pytest.fixture
+def tmp_path():
+    """A short TMPDIR (pytest's own is too long for Ray's socket paths: the launcher would use /tmp instead)."""
+    path = Path(tempfile.mkdtemp(prefix="crd", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def neighbours(tmp_path):
     """Another run's Ray folder and a shared ``ray`` folder in the same TMPDIR: never touched."""
     other = tmp_path / f"{RAY_DIR_PREFIX}other" / "ray" / "session_x"
@@ -59,6 +69,15 @@ def test_a_run_that_ends_well_removes_its_own_ray_folder(tmp_path, neighbours):
     assert proc.returncode == 0, err
     assert Path(ray_tmp).parent == tmp_path and Path(ray_tmp).name.startswith(RAY_DIR_PREFIX)
     assert not os.path.exists(ray_tmp)
+
+
+def test_a_tmpdir_too_long_for_rays_sockets_gives_a_folder_in_tmp(tmp_path):
+    long = tmp_path / ("x" * 60)
+    long.mkdir()
+    proc, ray_tmp = _start(long, "0")
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert Path(ray_tmp).parent == Path("/tmp") and not os.path.exists(ray_tmp)
 
 
 def test_a_failed_run_keeps_its_ray_folder_and_says_where(tmp_path, neighbours):
