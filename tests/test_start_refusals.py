@@ -288,3 +288,16 @@ def test_an_unknown_option_points_to_help(tmp_path):
 
 def test_format_value_of_the_messages():
     assert format_value(None) == "null" and format_value(False) == "false" and format_value("a") == "a"
+
+
+def test_resume_path_must_name_an_existing_checkpoint_folder(main_job, tmp_path):
+    step = tmp_path / "global_step_2"
+    step.mkdir()
+    mode = "trainer.resume_mode=resume_path"
+    check(main_job, mode, f"trainer.resume_from_path={step}")
+    message = refusal(main_job, mode, f"trainer.resume_from_path={tmp_path}/global_step_3")
+    assert message.startswith(f"trainer.resume_from_path={tmp_path}/global_step_3 (with trainer.resume_mode="), message
+    assert "): does not exist;" in message
+    message = refusal(main_job, mode, f"trainer.resume_from_path={step}/actor")
+    assert "): must be the path of a checkpoint folder named global_step_<N>;" in message
+    assert fixes(message) == ["trainer.resume_mode=auto"]

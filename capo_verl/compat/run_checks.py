@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -151,12 +152,12 @@ def _check_steps(config) -> None:
             f"below it, so with {format_value(epochs)} it trains nothing); set e.g. "
             f"{override(config, 'trainer.total_epochs', 1)}"
         )
-    for key, what in (("save_freq", "save a checkpoint"), ("test_freq", "validate")):
+    for key, what in (("save_freq", "saves a checkpoint"), ("test_freq", "validates")):
         value = select(config, f"trainer.{key}")
         if value is not MISSING and _int_or_none(value) is None:
             raise ValueError(
                 f"trainer.{key}={format_value(value)}: must be an integer, the steps between the times verl "
-                f"{what}s (<= 0: never; it also does so after the last step), and the trainer would fail on it "
+                f"{what} (<= 0: never; it also does so after the last step), and the trainer would fail on it "
                 f"at the first step; set e.g. {override(config, f'trainer.{key}', -1)} or a number of steps"
             )
 
@@ -177,7 +178,7 @@ def _check_resume(config) -> None:
     if mode == "resume_path":
         path = select(config, "trainer.resume_from_path")
         problem = None
-        if not isinstance(path, str) or "global_step_" not in os.path.basename(os.path.normpath(path)):
+        if not isinstance(path, str) or not re.fullmatch(r"global_step_\d+", os.path.basename(os.path.normpath(path))):
             problem = "must be the path of a checkpoint folder named global_step_<N>"
         elif not os.path.isdir(path):
             problem = "does not exist"
