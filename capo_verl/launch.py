@@ -334,14 +334,9 @@ def checked_config(cmd: list[str], script_files: Iterable[str] = ()):
     from capo_verl.compat.run_checks import launch_script_files
 
     config_dir, config_name, overrides = trainer_args(cmd)
-    defaults = {}
-    for arg in overrides:  # the launch scripts put their own data paths first
-        key, _, value = arg.partition("=")
-        if key in ("data.train_files", "data.val_files"):
-            defaults.setdefault(key, value)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         cfg = compose(config_name=config_name, overrides=overrides)
-    with launch_script_files(script_files, defaults):
+    with launch_script_files(script_files, overrides):
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     return cfg
 

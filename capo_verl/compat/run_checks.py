@@ -41,13 +41,14 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 __all__ = [
     "MISSING",
     "batch_problem",
     "check_run_config",
     "data_files_checked",
+    "earlier_value",
     "expected_files",
     "launch_script_files",
     "override",
@@ -64,7 +65,7 @@ MISSING = _Missing()
 
 #: Local data files a launch script writes before a real run, and the data keys' values it passes (set by its
 #: ``--dry-run`` through :func:`launch_script_files`; empty in a real run, where the files exist by then).
-_EXPECTED: dict[str, object] = {"active": False, "files": frozenset(), "defaults": {}}
+_EXPECTED: dict[str, object] = {"active": False, "files": frozenset(), "overrides": []}
 
 
 #: ``python -m`` modules whose process reads the data files right after ``validate_config``.
@@ -81,12 +82,11 @@ def data_files_checked() -> bool:
 
 
 @contextlib.contextmanager
-def launch_script_files(files: Iterable[str] = (), defaults: Mapping[str, str] | None = None):
+def launch_script_files(files: Iterable[str] = (), overrides: Iterable[str] = ()):
     """Within the block (a launch script's ``--dry-run``), check the data files, except ``files``: those the script
-    writes (or says it lacks) before a real run; ``defaults`` are the script's own values of ``data.train_files`` /
-    ``data.val_files``, quoted as the fix when an override names a file that does not exist."""
+    writes (or says it lacks) before a real run. ``overrides`` are the command's, read by :func:`earlier_value`."""
     saved = dict(_EXPECTED)
-    _EXPECTED.update(active=True, files=frozenset(os.path.abspath(f) for f in files), defaults=dict(defaults or {}))
+    _EXPECTED.update(active=True, files=frozenset(os.path.abspath(f) for f in files), overrides=list(overrides))
     try:
         yield
     finally:
@@ -94,9 +94,18 @@ def launch_script_files(files: Iterable[str] = (), defaults: Mapping[str, str] |
         _EXPECTED.update(saved)
 
 
-def expected_files() -> tuple[frozenset, dict]:
-    """What :func:`launch_script_files` declared: ``(files, defaults)``."""
-    return _EXPECTED["files"], dict(_EXPECTED["defaults"])
+def expected_files() -> frozenset:
+    """The files :func:`launch_script_files` declared."""
+    return _EXPECTED["files"]
+
+
+def earlier_value(key: str) -> str | None:
+    """The value an earlier override of the command gave ``key`` when a later one replaced it (a launch script puts
+    its own data paths before the user's), or None: from :func:`launch_script_files`'s overrides, else, in the
+    trainer's process, its command line."""
+    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
+    values = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == key]
+    return values[0] if len(values) > 1 else None
 
 
 def select(config, key: str):
@@ -204,23 +213,24 @@ def _is_local(path) -> bool:
 
 
 def _check_data_files(config) -> None:
-    files, defaults = expected_files()
+    files = expected_files()
     for key in ("data.train_files", "data.val_files"):
         value = select(config, key)
+        earlier = earlier_value(key)
+        earlier_paths = [p.strip().strip("'\"") for p in (earlier or "").strip("[]").split(",")]
+        usable = earlier is not None and all(
+            p and (not _is_local(p) or os.path.exists(p) or os.path.abspath(p) in files) for p in earlier_paths
+        )
+        fix = f"point {key} at existing parquet files" + (
+            f", e.g. {key}={earlier} (the value this command had before)" if usable else ""
+        )
         for path in _paths(value):
             if not isinstance(path, str) or not path:
                 raise ValueError(
-                    f"{key}={format_value(value)}: must be a path, or a list of paths, of parquet files; set "
-                    f"{key}=<path of a parquet file>"
-                    + (f", e.g. the launch script's own: {key}={defaults[key]}" if key in defaults else "")
+                    f"{key}={format_value(value)}: must be a path, or a list of paths, of parquet files; {fix}"
                 )
             if not _is_local(path) or os.path.exists(path) or os.path.abspath(path) in files:
                 continue
-            fix = (
-                f"the launch script's own is {key}={defaults[key]}"
-                if key in defaults
-                else f"set {key}=<path of an existing parquet file>"
-            )
             raise ValueError(
                 f"{key}={format_value(value)}: no file {path}; it must name existing parquet files (capo-verl "
                 f"prepare-data writes the paper's); {fix}"
