@@ -131,6 +131,17 @@ def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_
         check(main_job, *overrides, fix)
 
 
+def test_the_tau_fix_pasted_into_the_real_dry_run_passes(tmp_path):
+    """The fix the issue found wrong (``+algorithm.capo.tau=0.6``), now without ``+``, in the script's own
+    ``--dry-run``: the config is printed, status 0."""
+    message = "algorithm.capo.tau must be a positive number, got 0; set e.g. algorithm.capo.tau=0.6"
+    refused = _dry_run(tmp_path, "algorithm.capo.tau=0")
+    assert refused.returncode == 2 and f"error: ValueError: {message}" in refused.stderr.splitlines()
+    proc = _dry_run(tmp_path, "algorithm.capo.tau=0", *fixes(message))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "    tau: 0.6\n" in proc.stdout
+
+
 def test_the_data_fix_is_the_scripts_own_file(main_job):
     message = refusal(main_job, "data.train_files=/nonexistent.parquet")
     assert fixes(message) == [f"data.train_files={main_job[1][0]}"]
