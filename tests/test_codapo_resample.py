@@ -266,3 +266,30 @@ def test_check_refuses_in_one_line(over, message):
 def test_config_defaults_are_the_authors():
     cfg = CodapoConfig()
     assert (cfg.resample, cfg.percentile, cfg.repeat_count, cfg.weight_offset) == (False, 0.75, 4, 0.1)
+
+
+def test_legacy_trainer_refuses_resampling():
+    trainer = ray_trainer.RayPPOTrainer.__new__(ray_trainer.RayPPOTrainer)
+    trainer.config = _config()
+    with pytest.raises(RuntimeError, match=r"algorithm\.codapo\.resample=true runs in verl's v1 trainer only"):
+        trainer.fit()
+
+
+def test_patches_refuse_a_verl_whose_code_changed():
+    class PPOTrainer:
+        def _init_dataloader(self):
+            pass
+
+        def _next_train_batch(self, count=None):  # verl renamed the parameter
+            pass
+
+        def _compute_advantage(self, batch, metrics):
+            pass
+
+    class Module:
+        pass
+
+    module = Module()
+    module.PPOTrainer = PPOTrainer
+    with pytest.raises(RuntimeError, match=r"PPOTrainer\._next_train_batch has parameters"):
+        codapo_sampling._patch_trainer(module)

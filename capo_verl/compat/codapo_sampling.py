@@ -31,6 +31,8 @@ trainer's ``PPOTrainer`` (``verl/trainer/ppo/v1/trainer_base.py``), each only wh
   apply), and on a prepare step ``codapo/selected_questions`` and ``codapo/selected_weight_min``, to the step's
   metrics; the prepare step's weights and selection are also logged as one JSON line (``capo-verl codapo resampling``).
 
+The legacy trainer's ``RayPPOTrainer.fit`` (``verl/trainer/ppo/ray_trainer.py``) refuses a run with
+``resample: true`` (``main_ppo_v0`` reaches it whatever ``trainer.use_v1`` says).
 :func:`check_resample_setup` refuses, at the start of a run (verl's ``validate_config``, through
 :func:`capo_verl.compat.methods.check_method_configs`), every setup this does not cover. docs/algorithms/codapo.md
 lists the differences from the authors' code.
@@ -279,6 +281,30 @@ def _patch_trainer(trainer_base) -> None:
     cls._compute_advantage = _compute_advantage
 
 
+def _patch_legacy_trainer(ray_trainer) -> None:
+    """verl/trainer/ppo/ray_trainer.py: ``RayPPOTrainer.fit`` refuses ``resample: true``.
+
+    ``python -m verl.trainer.main_ppo_v0`` runs this legacy trainer whatever ``trainer.use_v1`` says, so the start
+    check cannot see it; without this the run would train without resampling and say nothing.
+    """
+    cls = ray_trainer.RayPPOTrainer
+    fit = cls.fit
+    check_signature(fit, ["self"], "RayPPOTrainer.fit")
+
+    @functools.wraps(fit)
+    def refusing_fit(self):
+        if resample_config(self.config) is not None:
+            raise RuntimeError(
+                "algorithm.codapo.resample=true runs in verl's v1 trainer only, and this is the legacy trainer "
+                "(trainer.use_v1=false or verl.trainer.main_ppo_v0); run python -m verl.trainer.main_ppo with "
+                "trainer.use_v1=true, or set algorithm.codapo.resample=false"
+            )
+        return fit(self)
+
+    cls.fit = refusing_fit
+
+
 def install() -> None:
-    """Register this module's patch with :func:`capo_verl.compat.after_import` (applied at verl's import)."""
+    """Register this module's patches with :func:`capo_verl.compat.after_import` (applied at verl's import)."""
     after_import("verl.trainer.ppo.v1.trainer_base", _patch_trainer)
+    after_import("verl.trainer.ppo.ray_trainer", _patch_legacy_trainer)
