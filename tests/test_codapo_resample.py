@@ -293,3 +293,29 @@ def test_patches_refuse_a_verl_whose_code_changed():
     module.PPOTrainer = PPOTrainer
     with pytest.raises(RuntimeError, match=r"PPOTrainer\._next_train_batch has parameters"):
         codapo_sampling._patch_trainer(module)
+
+
+@pytest.mark.parametrize(
+    "resample, total, steps_per_epoch, expected", [(True, None, 6, 18), (True, 5, 6, 5), (False, None, 3, 9)]
+)
+def test_init_dataloader_counts_both_steps_as_the_authors(monkeypatch, resample, total, steps_per_epoch, expected):
+    """verl's ``_init_dataloader`` on 12 prompts, 4 a batch, 3 epochs: 3 loader batches; with resampling 6 steps per
+    epoch and, unless ``total_training_steps`` is given, 18 steps (the authors' ``len(DuplicateBatchDataLoader)``)."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    rows = [{"raw_prompt": [{"role": "user", "content": f"question {i}"}], "index": i} for i in range(12)]
+    monkeypatch.setattr(trainer_base, "create_rl_dataset", lambda *args, **kwargs: rows)
+    monkeypatch.setattr(trainer_base, "create_rl_sampler", lambda *args, **kwargs: None)
+    trainer = _trainer(resample=resample)
+    trainer.config = OmegaConf.merge(
+        trainer.config,
+        {
+            "data": {"train_files": "x", "val_files": "y", "dataloader_num_workers": 0, "val_batch_size": None},
+            "trainer": {"total_epochs": 3, "total_training_steps": total, "v1": {"sampler": {}}},
+            "actor_rollout_ref": {"actor": {"optim": {"total_training_steps": -1}}},
+        },
+    )
+    trainer.trainer_mode, trainer.parameter_sync_step, trainer.tokenizer, trainer.processor = "sync", 1, None, None
+    trainer._init_dataloader()
+    assert (trainer.steps_per_epoch, trainer.total_training_steps) == (steps_per_epoch, expected)
+    assert trainer.config.actor_rollout_ref.actor.optim.total_training_steps == expected
