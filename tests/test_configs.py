@@ -118,10 +118,17 @@ def test_run_config_composes_validates_and_matches_paper(name):
         assert need_reference_policy(cfg) is False
     elif method == "codapo":
         assert cfg.algorithm.adv_estimator == "codapo"
-        # the authors' values (tmlr-group/CoDaPO): weight_offset 0.1, std-normalised GRPO advantages
-        assert dict(cfg.algorithm.codapo) == {"weight_offset": 0.1, "reward_threshold": 0.5}
+        # the authors' values (tmlr-group/CoDaPO): weight_offset 0.1, std-normalised GRPO advantages, resampling of
+        # the top quarter (percentile 0.75), each question 4 times
+        assert dict(cfg.algorithm.codapo) == {
+            "weight_offset": 0.1,
+            "reward_threshold": 0.5,
+            "resample": True,
+            "percentile": 0.75,
+            "repeat_count": 4,
+        }
         assert cfg.algorithm.norm_adv_by_std_in_grpo is True
-        assert CodapoConfig.from_algorithm_config(cfg.algorithm) == CodapoConfig(weight_offset=0.1)
+        assert CodapoConfig.from_algorithm_config(cfg.algorithm) == CodapoConfig(weight_offset=0.1, resample=True)
         assert actor.policy_loss.loss_mode == "vanilla" and actor.clip_ratio == 0.2
         assert need_reference_policy(cfg) is False  # no reference model
     elif method == "cde":

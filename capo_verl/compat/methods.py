@@ -56,6 +56,7 @@ from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 
 from . import after_import, check_signature
 from .advantage import register_batch_aware_adv_est
+from .codapo_sampling import check_resample_setup
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .simko import check_simko_setup
 from .validation import parse_val_calib
@@ -302,6 +303,7 @@ def check_method_configs(config) -> None:
             "estimator, and the first update would stop); set trainer.use_v1=true, or "
             "algorithm.cde.w_zero_after_step=null for a constant bonus weight"
         )
+    check_resample_setup(config)
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)
     check_start_values(config)

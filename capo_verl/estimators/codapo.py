@@ -19,10 +19,13 @@ and lpm_i (mean token log-prob of o_i under the behaviour policy, nats; 0 for a 
 
 Differences from the authors' code: a response is correct iff R_i > ``reward_threshold`` (the rule of every
 capo-verl estimator) where the authors count ``R_i == 1.0``; everything is vectorised in float32 (the authors
-loop in Python, c in float64). CoDaPO's resampling (CoDaSampling / CoDaLearning: every batch used twice, the
-second time only its top-quarter questions by weight, each repeated 4 times; ``codapo/ray_trainer.py``) is not
-part of this estimator: verl 0.9.1 has no public hook through which the advantage step can choose the next
-step's prompts (docs/algorithms/codapo.md, "Resampling is not implemented"). Nothing here imports verl;
+loop in Python, c in float64).
+
+CoDaPO's resampling (CoDaSampling / CoDaLearning, ``algorithm.codapo.resample``: every batch used twice, the second
+time only its top-quarter questions by weight, each repeated ``repeat_count`` times; ``codapo/ray_trainer.py``) has
+its pure parts here: :func:`select_questions` (which questions qualify) and :func:`apply_batch_rows` (the rows of
+the second step's batch). verl's trainer is driven by :mod:`capo_verl.compat.codapo_sampling`, which reads the
+per-question weights this estimator leaves for it (:func:`pop_question_weights`). Nothing here imports verl;
 ``capo_verl.compat.methods`` registers :func:`compute_codapo_outcome_advantage`.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import torch
 
 from capo_verl.estimators.common import (
@@ -42,13 +46,19 @@ from capo_verl.estimators.common import (
     record_step_metrics,
 )
 
-__all__ = ["CodapoConfig", "codapo_group_weights", "codapo_advantages", "compute_codapo_outcome_advantage"]
+__all__ = [
+    "CodapoConfig",
+    "apply_batch_rows",
+    "codapo_advantages",
+    "codapo_group_weights",
+    "compute_codapo_outcome_advantage",
+    "pop_question_weights",
+    "select_questions",
+]
 
-_NOT_IMPLEMENTED = (
-    "CoDaPO's resampling (CoDaSampling/CoDaLearning) is not implemented in capo-verl: verl 0.9.1 offers no public "
-    "hook to choose the next step's prompts from this step's weights; the codapo estimator applies CoDaWeighting "
-    "only (docs/algorithms/codapo.md, section 'Resampling is not implemented'). Remove this key."
-)
+#: the per-question weights of the last batch this estimator saw: ``(uids in order of first appearance, weights)``;
+#: read and cleared by :func:`pop_question_weights` (capo_verl.compat.codapo_sampling, CoDaPO's resampling).
+_QUESTION_WEIGHTS: list[tuple[list, list[float]]] = []
 
 
 @dataclass(frozen=True)
@@ -59,10 +69,20 @@ class CodapoConfig:
         weight_offset: added to c * 4p(1-p), so every question keeps a minimum learning signal; a finite number
             >= 0. Authors: 0.1 (``algorithm.codapo.weight_offset``).
         reward_threshold: a response is correct iff its summed reward is > this; a finite number.
+        resample: CoDaPO's resampling (CoDaSampling / CoDaLearning): every prompt batch is trained on two
+            consecutive steps, the second time only its top questions by weight, each ``repeat_count`` times
+            (:mod:`capo_verl.compat.codapo_sampling`). Authors: on whenever ``adv_estimator=codapo``.
+        percentile: questions whose weight is >= the ``percentile`` quantile of the batch's weights qualify for the
+            second step; in (0, 1). Authors: 0.75 (the top quarter).
+        repeat_count: how many times each qualifying question is put in the second step's batch; an integer >= 1.
+            Authors: 4 (1 / (1 - percentile): the top quarter, 4 times each, fills the batch).
     """
 
     weight_offset: float = 0.1
     reward_threshold: float = 0.5
+    resample: bool = False
+    percentile: float = 0.75
+    repeat_count: int = 4
 
     def __post_init__(self):
         offset = check_number("codapo", "weight_offset", self.weight_offset, CodapoConfig.weight_offset)
@@ -72,18 +92,104 @@ class CodapoConfig:
                 "of a group's advantages; the authors use 0.1"
             )
         check_number("codapo", "reward_threshold", self.reward_threshold, CodapoConfig.reward_threshold)
+        if not isinstance(self.resample, bool):
+            raise ValueError(
+                f"algorithm.codapo.resample must be true or false, got {self.resample!r}; "
+                "set algorithm.codapo.resample=true for CoDaPO's resampling"
+            )
+        percentile = self.percentile
+        if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) or not 0 < percentile < 1:
+            raise ValueError(
+                f"algorithm.codapo.percentile must be a number in (0, 1) (exclusive), got {percentile!r}; "
+                "the authors use algorithm.codapo.percentile=0.75 (the top quarter)"
+            )
+        count = self.repeat_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(
+                f"algorithm.codapo.repeat_count must be an integer >= 1, got {count!r}; "
+                "the authors use algorithm.codapo.repeat_count=4"
+            )
 
     @classmethod
     def from_algorithm_config(cls, config) -> CodapoConfig:
         """Read ``config.codapo`` from verl's algorithm config (DictConfig, dict, dataclass or None).
 
         Raises:
-            ValueError: an unknown key under ``algorithm.codapo`` (``percentile``/``repeat_count`` with the reason
-                resampling is absent) or an invalid value; each message names the key.
+            ValueError: an unknown key under ``algorithm.codapo`` or an invalid value; each message names the key.
         """
-        return read_config_section(
-            cls, config, "codapo", {"percentile": _NOT_IMPLEMENTED, "repeat_count": _NOT_IMPLEMENTED}
-        )
+        return read_config_section(cls, config, "codapo")
+
+
+def select_questions(weights, percentile: float) -> list[int]:
+    """CoDaSampling's choice: the questions whose weight is >= the ``percentile`` quantile of the batch's weights.
+
+    Args:
+        weights: ``(n_questions,)`` per-question CoDaPO weights (any float sequence), in the order the questions
+            first appear in the prepare step's batch.
+        percentile: in (0, 1); the authors' 0.75 keeps the top quarter.
+
+    Returns:
+        The positions of the qualifying questions, in that order (ties at the threshold all qualify, so there may be
+        more than ``(1 - percentile) * n_questions``; never empty, since the largest weight always qualifies).
+
+    Source: tmlr-group/CoDaPO@210c2051 ``codapo/ray_trainer.py`` L1356-1374: ``question_weights =
+    torch.tensor(list(uid2avg_weight.values()))`` (float32), ``weight_threshold = torch.quantile(question_weights,
+    percentile).item()`` (linear interpolation), ``top_uids = [uid for uid, w in uid2avg_weight.items() if w >=
+    weight_threshold]``.
+
+    Raises:
+        ValueError: no weights.
+    """
+    w = torch.as_tensor(list(weights), dtype=torch.float32)
+    if w.numel() == 0:
+        raise ValueError("CoDaPO resampling: the prepare step's batch has no question to select from")
+    threshold = torch.quantile(w, float(percentile)).item()
+    return [i for i, x in enumerate(w.tolist()) if x >= threshold]
+
+
+def apply_batch_rows(selected_rows, batch_size: int, repeat_count: int) -> list[int]:
+    """CoDaLearning's batch: the prepare batch's rows that the apply step generates for, in order.
+
+    Each selected question is taken ``repeat_count`` times in turn, from the first; when the selected questions run
+    out before ``batch_size`` rows, the authors' loop starts again from the first selected question; the list is
+    cut at ``batch_size``. So with fewer qualifying questions than ``batch_size / repeat_count`` a question is
+    repeated more than ``repeat_count`` times, and with more, only the first ``batch_size / repeat_count`` are used.
+
+    Args:
+        selected_rows: row (prompt) index in the prepare batch of each selected question, in selection order.
+        batch_size: prompts per step (``data.train_batch_size``).
+        repeat_count: copies of each question per pass, >= 1.
+
+    Returns:
+        ``batch_size`` row indices.
+
+    Source: tmlr-group/CoDaPO@210c2051 ``codapo/ray_trainer.py`` L1140-1158 (the ``while len(selected_entity_indices)
+    < original_batch_size`` loop, ``selected_entity_indices[:original_batch_size]``), with one row per question (the
+    authors match every row holding the question's text: a question twice in one batch gives both rows).
+
+    Raises:
+        ValueError: no selected row (the authors' loop would never end), or ``batch_size``/``repeat_count`` < 1.
+    """
+    rows = [int(r) for r in selected_rows]
+    if not rows:
+        raise ValueError("CoDaPO resampling: no question was selected for the apply step")
+    if batch_size < 1 or repeat_count < 1:
+        raise ValueError(f"batch_size ({batch_size}) and repeat_count ({repeat_count}) must be >= 1")
+    out: list[int] = []
+    q = 0
+    while len(out) < batch_size:
+        out.extend([rows[q]] * repeat_count)
+        q = (q + 1) % len(rows)
+    return out[:batch_size]
+
+
+def pop_question_weights() -> tuple[list, list[float]] | None:
+    """The ``(uids, weights)`` of the last batch :func:`compute_codapo_outcome_advantage` weighted (uids in order
+    of first appearance in the batch, one float weight each), or None if it ran on no batch since the last call.
+    Clears them."""
+    out = _QUESTION_WEIGHTS[-1] if _QUESTION_WEIGHTS else None
+    _QUESTION_WEIGHTS.clear()
+    return out
 
 
 def _group_mean(x: torch.Tensor, gid: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -159,7 +265,7 @@ def compute_codapo_outcome_advantage(
     ``old_log_probs`` and ``rollout_log_probs``). Records the batch's ``capo/*`` calibration metrics (correctness by
     ``algorithm.codapo.reward_threshold``) and ``codapo/weight_mean``, ``codapo/weight_max``,
     ``codapo/confidence_mean``, ``codapo/difficulty_weight_mean`` (means over the batch's questions) for the step's
-    metrics.
+    metrics, and leaves the per-question weights for CoDaPO's resampling (:func:`pop_question_weights`).
 
     Args:
         token_level_rewards: ``(bs, response_length)`` rewards; R_i is their sum.
@@ -197,5 +303,7 @@ def compute_codapo_outcome_advantage(
             }
         )
     record_step_metrics(metrics)
+    _QUESTION_WEIGHTS.clear()
+    _QUESTION_WEIGHTS.append((list(pd.unique(np.asarray(index))), weight.tolist()))
     advantages = batch.broadcast(adv)
     return advantages, advantages
