@@ -119,11 +119,12 @@ class CapoConfig:
     def __post_init__(self):
         check_tau(self.tau)
         for key in ("ref_high", "ref_low"):
-            check_positive("capo", key, getattr(self, key), getattr(CapoConfig, key))
+            check_positive("capo", key, getattr(self, key), self._threshold_fix(key))
         if self.ref_high < 1:
             raise ValueError(
                 f"algorithm.capo.ref_high must be >= 1, got {self.ref_high!r}: a perplexity is >= 1, so below 1 every "
-                "correct response would be masked; the paper uses 2.5 (set e.g. algorithm.capo.ref_high=2.5)"
+                f"correct response would be masked; the paper uses 2.5 (set e.g. algorithm.capo.ref_high="
+                f"{self._threshold_fix('ref_high'):g})"
             )
         check_number("capo", "reward_threshold", self.reward_threshold, CapoConfig.reward_threshold)
         if self.normalize not in NORMALIZE_MODES:
@@ -133,6 +134,15 @@ class CapoConfig:
             )
         if not isinstance(self.use_mask, bool):
             raise ValueError(f"algorithm.capo.use_mask must be true or false, got {self.use_mask!r}")
+
+    def _threshold_fix(self, key: str) -> float:
+        """The value a refusal of ``ref_high`` / ``ref_low`` suggests: the paper's, moved to the other threshold where
+        the paper's would put ``ref_low`` above ``ref_high`` (e.g. SmolLM2's ``ref_low`` 3.97 with ``ref_high`` 2.5)."""
+        other = self.ref_low if key == "ref_high" else self.ref_high
+        default = getattr(CapoConfig, key)
+        if isinstance(other, bool) or not isinstance(other, (int, float)) or not 1 <= other < math.inf:
+            return default
+        return max(default, other) if key == "ref_high" else min(default, other)
 
     @classmethod
     def from_algorithm_config(cls, config) -> CapoConfig:
