@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from capo_verl import precision
+
 from . import after_import
 
 logger = logging.getLogger("capo_verl.compat.cpu")
@@ -362,7 +364,9 @@ def _patch_replay_buffer(module: types.ModuleType) -> None:
 
 
 def install() -> None:
-    """Register the ``cpu`` platform and the CPU-only patches (pass-through on accelerators)."""
+    """Register the ``cpu`` platform, the CPU-only patches (pass-through on accelerators) and the
+    ``capo_cpu_dtype`` config resolver of ``configs/cpu_base.yaml`` (:mod:`capo_verl.precision`)."""
+    precision.register_resolver()
     _register_platform()
     after_import("verl.utils.distributed", _patch_distributed)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_fsdp_engine)

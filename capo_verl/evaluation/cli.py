@@ -80,7 +80,8 @@ def _generate_parser(sub) -> None:
     m.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bfloat16 on CPU, the checkpoint's dtype on GPU), bfloat16, float32, float16",
+        help="auto (on CPU bfloat16 where it has avx512_bf16 or amx_bf16, float32 elsewhere; on GPU the "
+        "checkpoint's dtype), bfloat16, float32, float16",
     )
     m.add_argument(
         "--threads",

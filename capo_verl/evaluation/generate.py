@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from capo_verl.precision import cpu_compute_dtype
+
 logger = logging.getLogger("capo_verl.evaluation")
 
 #: Fields of a generation line, in the order they are written (``token_ids`` only with ``save_token_ids``).
@@ -432,8 +434,9 @@ class VLLMBackend:
     Args:
         model: hub id, checkpoint folder, ``smollm2``, or the bundled SmolLM2 GGUF (:func:`resolve_model`).
         device: ``auto``, ``cpu`` or ``cuda`` (:func:`vllm_device`).
-        dtype: ``auto`` is bfloat16 on CPU and vLLM's choice (the checkpoint's dtype) on GPU; or a torch dtype
-            name such as ``float32``.
+        dtype: ``auto`` is, on CPU, bfloat16 where the CPU has bf16 instructions and float32 elsewhere
+            (:func:`capo_verl.precision.cpu_compute_dtype`, logged), on GPU vLLM's choice (the checkpoint's dtype);
+            or a torch dtype name such as ``float32``, which wins.
         tensor_parallel_size, gpu_memory_utilization: GPU only.
         max_model_len: longest prompt + response (default: the model's).
         gguf_file: a GGUF file inside the folder ``model`` (only the bundled SmolLM2 one is accepted).
@@ -482,8 +485,12 @@ class VLLMBackend:
             load_cpu_sampler()
             # torch.compile costs about a minute per start on CPU, more than it saves on an evaluation run;
             # chunked prefill off: vLLM then batches up to max(max_model_len, its default) tokens per step
+            if dtype == "auto":
+                choice = cpu_compute_dtype()
+                dtype = choice.dtype
+                logger.info("compute dtype %s (--dtype auto): %s, or pass --dtype", dtype, choice.reason)
             kw.update(
-                dtype="bfloat16" if dtype == "auto" else dtype,
+                dtype=dtype,
                 enforce_eager=True,
                 enable_chunked_prefill=False,
                 distributed_executor_backend="uni",  # the worker in the engine's process (vLLM: mp on CPU)
