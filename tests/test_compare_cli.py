@@ -335,7 +335,7 @@ def test_an_installed_wheel_finds_its_default_config_outside_the_checkout(tmp_pa
 def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_method(tmp_path):
     """Seed k of --seeds: every method's composed config has data.seed = k and actor_rollout_ref.rollout.seed = k
     (paired across methods), and nothing else differs from the seedless plan."""
-    from capo_verl.compare.cli import seed_overrides
+    from capo_verl.compare.cli import seed_overrides, seed_plan
     from capo_verl.compare.outdir import differences
 
     args = build_parser().parse_args(base_args(tmp_path, tmp_path / "cmp", "--seeds", "3,5"))
@@ -343,6 +343,8 @@ def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_meth
     plain = make_plan(args)
     for k in args.seeds:
         plan = make_plan(args, seed_overrides(k))
+        # what main() uses instead of composing every method's config again per seed: the same plan
+        assert seed_plan(plain, args, k) == plan
         for method, settings in plan.method_settings.items():
             composed = settings["composed"]
             assert composed["data"]["seed"] == k and composed["actor_rollout_ref"]["rollout"]["seed"] == k
@@ -400,7 +402,15 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
         return folder / "eval_report"
 
     args = [a for a in base_args(tmp_path, out, "--seeds", "0,1", "--teacher-forced", "2") if a != "--no-eval"]
+    composed = []
+    checked_config = cli.checked_config
+
+    def counted_checked_config(label, *a, **kw):
+        composed.append(label)
+        return checked_config(label, *a, **kw)
+
     with (
+        mock.patch.object(cli, "checked_config", counted_checked_config),
         mock.patch.object(cli, "run_method", fake_run_method),
         mock.patch.object(cli.teacher_forced, "make_pool", lambda out, *a, **kw: out / "teacher_forced"),
         mock.patch.object(cli.teacher_forced, "score_run", record("score")),
@@ -420,6 +430,8 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
             expected += [("train", k, m), ("score", k, m), ("heldout", k, m)]
         expected.append(("evaluate", k, ("grpo", "capo")))
     assert events == expected
+    # each config composed and checked once, whatever the number of seeds
+    assert composed == ["the shared config", "method grpo", "method capo"]
 
 
 def test_a_finished_method_without_checkpoints_needs_what_they_would_make(tmp_path):
