@@ -15,7 +15,9 @@ SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers 
    ``latest_checkpointed_iteration.txt`` after a checkpoint is complete, and resuming
    (``trainer.resume_mode=auto``) reads that file.
 3. However the command ends, the run's processes still alive are stopped the same way, then the segments in the
-   ledger are removed (:func:`capo_verl.compat.shm.cleanup_run`); nothing another program made is touched.
+   ledger are removed, and the loky semaphores of the run's processes (those recorded in the ledger and those this
+   launcher saw while the run went on: :data:`WATCH_S`) (:func:`capo_verl.compat.shm.cleanup_run`); nothing another
+   program made is touched.
 
 Exit status: the command's (128 + the signal number when a signal killed it); 130 / 143 / 129 after a stop by
 SIGINT / SIGTERM / SIGHUP.
@@ -41,6 +43,9 @@ DEFAULT_GRACE_S = 15.0
 KILL_AFTER_S = 5.0
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: seconds between two looks at the run's processes (their pids name the loky semaphores they may leave)
+WATCH_S = 2.0
 
 
 def run_processes(ledger: str, session: int | None = None) -> list[int]:
@@ -112,6 +117,8 @@ class Run:
         self.stop_time: float | None = None
         self.kill_now = False
         self.proc: subprocess.Popen | None = None
+        #: pids of the run's processes seen while it ran (:func:`run_processes`), for :func:`shm.cleanup_run`
+        self.seen: set[int] = set()
 
     def _say(self, message: str) -> None:
         print(f"capo-verl launch: {message}", file=self.log, flush=True)
@@ -134,6 +141,7 @@ class Run:
         """SIGTERM every process of the run still alive, SIGKILL after :data:`KILL_AFTER_S` (at once after a second
         signal), and wait up to :data:`KILL_AFTER_S` more for them to end."""
         pids = run_processes(self.ledger, session)
+        self.seen.update(pids)
         if not pids:
             return
         if not self.kill_now:
@@ -155,17 +163,22 @@ class Run:
         try:
             self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal)
             session = self.proc.pid
+            self.seen.add(session)
+            next_watch = time.monotonic() + WATCH_S
             while True:
                 try:
                     rc = self.proc.wait(timeout=0.2)
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if time.monotonic() >= next_watch:
+                    self.seen.update(run_processes(self.ledger, session))
+                    next_watch = time.monotonic() + WATCH_S
                 if self.kill_now or (self.stop_time is not None and time.monotonic() - self.stop_time > self.grace_s):
                     self._stop_all(session)
             self._stop_all(session)  # what outlived the command (e.g. Ray's agents)
         finally:
-            removed = shm.cleanup_run(self.ledger)
+            removed = shm.cleanup_run(self.ledger, pids=self.seen)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if removed:
