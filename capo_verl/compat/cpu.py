@@ -72,7 +72,7 @@ def torch_accelerator() -> str | None:
 
     Asks ``torch.cuda.is_available()``, then ``torch.accelerator.current_accelerator()`` (torch >= 2.6), then
     ``torch.xpu`` and ``torch.npu`` (the latter exists once ``torch_npu`` is imported) where present. A check that
-    raises counts as "not available" for that API only.
+    raises counts as "not available" for that API only, with a warning that names the check and the error.
     """
     checks = [("cuda", lambda: torch.cuda.is_available())]
     accelerator = getattr(torch, "accelerator", None)
@@ -93,7 +93,14 @@ def torch_accelerator() -> str | None:
                 if name == "accelerator":
                     return accelerator.current_accelerator().type
                 return name
-        except Exception:
+        except Exception as exc:  # noqa: BLE001  any failure of a probe: logged, that API counts as unavailable
+            logger.warning(
+                "accelerator check torch.%s raised %s: %s; counted as no accelerator of that kind (a broken driver "
+                "or torch build?)",
+                "accelerator.current_accelerator()" if name == "accelerator" else f"{name}.is_available()",
+                type(exc).__name__,
+                exc,
+            )
             continue
     return None
 
