@@ -65,7 +65,8 @@ def test_an_unknown_override_is_refused_with_the_fix():
 def test_cpu_flags_reads_the_first_flags_line(tmp_path: Path):
     info = tmp_path / "cpuinfo"
     info.write_text(
-        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx512_bf16\n"
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx512_bf16\n"
     )
     assert cpu_flags(str(info)) == frozenset({"fpu", "avx2", "fma"})
     arm = tmp_path / "arm"
