@@ -328,7 +328,7 @@ def stand_in_python(tmp_path_factory) -> Path:
     return path
 
 
-#: the CAPO run of tests/test_e2e_capo.py; its checkpoint at step 2 is resumed by tests/test_e2e_baselines.py
+#: the CAPO run of tests/test_e2e_capo.py (a checkpoint at step 2)
 CAPO_OVERRIDES = (
     "algorithm.adv_estimator=capo",
     "algorithm.norm_adv_by_std_in_grpo=false",
