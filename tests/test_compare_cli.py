@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -227,7 +228,7 @@ def finished_runs(tmp_path: Path, out: Path, args: list[str]) -> dict:
     return plan.method_settings
 
 
-def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path):
+def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path, caplog):
     out = tmp_path / "cmp"
     settings = finished_runs(tmp_path, out, base_args(tmp_path, out))
     before = snapshot(out)
@@ -257,9 +258,10 @@ def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path):
     assert "eval_k: 4 -> 8; use --eval-k 4" in message
 
     # the same settings: nothing trained again, the report drawn with the requested resamples
-    proc = run_cli(*base_args(tmp_path, out, "--n-boot", "300"), cwd=tmp_path)
+    with caplog.at_level(logging.INFO, logger="capo_verl.compare"):
+        proc = run_cli(*base_args(tmp_path, out, "--n-boot", "300"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("not trained again") == 2
+    assert caplog.text.count("not trained again") == 2  # progress: the capo_verl logger (stderr), not stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_boot"] == 300 and "capo - grpo" in summary["differences"]
     assert "settings" not in summary["methods"]["grpo"]["run"]
