@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score,teacher-forced}")
     _generate_parser(sub)
     _score_parser(sub)
-    from capo_verl.evaluation import teacher_forced
+    from capo_verl.evaluation import teacher_forced_cli as teacher_forced
 
     teacher_forced.add_arguments(
         sub.add_parser(
