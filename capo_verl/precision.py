@@ -60,6 +60,9 @@ RESOLVER = "capo_cpu_dtype"
 #: (verl's ``fsdp_config.mixed_precision``, ``PrecisionType`` names).
 _SPELLINGS = {"torch": {"bfloat16": "bfloat16", "float32": "float32"}, "fsdp": {"bfloat16": "bf16", "float32": "fp32"}}
 
+#: the end of every reason: how to choose otherwise
+_HINT = f"set {ENV_VAR}=float32 or bfloat16 to choose"
+
 _ENV_ALIASES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
 
 
@@ -119,9 +122,6 @@ def choose_cpu_dtype(flags: Iterable[str] | None, override: str | None = None) -
         f"this CPU has neither {' nor '.join(BF16_FLAGS)}, and bf16 matmuls without them run ~6.5x slower "
         f"than float32; {_HINT}",
     )
-
-
-_HINT = f"set {ENV_VAR}=float32 or bfloat16 to choose"
 
 
 @functools.lru_cache(maxsize=1)
