@@ -1,9 +1,10 @@
 """capo-verl: CAPO (Calibration-Aware Policy Optimization) for verl.
 
 Importing this package, or its pure modules (:mod:`capo_verl.estimators`, :mod:`capo_verl.metrics`,
-:mod:`capo_verl.losses.simko`, :mod:`capo_verl.reward`, :mod:`capo_verl.evaluation.score`), imports neither verl nor
-Ray. verl finds capo-verl by itself: ``import verl`` loads the ``verl.plugins`` entry point
-(:mod:`capo_verl.plugin`), which installs :mod:`capo_verl.compat` and registers the estimators.
+:mod:`capo_verl.losses.simko`, :mod:`capo_verl.reward`, :mod:`capo_verl.evaluation.score`,
+:mod:`capo_verl.precision`), imports neither verl nor Ray. verl finds capo-verl by itself: ``import verl`` loads the
+``verl.plugins`` entry point (:mod:`capo_verl.plugin`), which installs :mod:`capo_verl.compat` and registers the
+estimators.
 
 Importing it also gives the ``capo_verl`` logger its console handler (:mod:`capo_verl.logs`), so that capo-verl's
 warnings are shown in every process of a Ray run, also where vLLM has set the root logger to ERROR.

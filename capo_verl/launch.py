@@ -15,7 +15,9 @@ SIGTERM ends the driver but leaves Ray's agents running and vLLM's ring buffers 
    ``latest_checkpointed_iteration.txt`` after a checkpoint is complete, and resuming
    (``trainer.resume_mode=auto``) reads that file.
 3. However the command ends, the run's processes still alive are stopped the same way, then the segments in the
-   ledger are removed (:func:`capo_verl.compat.shm.cleanup_run`); nothing another program made is touched.
+   ledger are removed, and the loky semaphores of the run's processes (those recorded in the ledger and those this
+   launcher saw while the run went on: :data:`WATCH_S`) (:func:`capo_verl.compat.shm.cleanup_run`); nothing another
+   program made is touched.
 4. Ray's session folder (logs, sockets, spilled objects; Ray never deletes it) goes to a folder of the run's own,
    ``$TMPDIR/capo-ray-XXXXXXXX/ray/session_*`` (``RAY_TMPDIR``; ``/tmp`` when ``TMPDIR`` is unset), instead of
    ``/tmp/ray``, which every Ray on the machine shares. When the run ends with status 0, or is stopped by a signal,
@@ -72,6 +74,10 @@ def own_ray_tmpdir(environ=os.environ) -> str | None:
     if len(os.path.join(base, RAY_DIR_PREFIX + "X" * 8, _RAY_SOCKET_TAIL)) > 107:  # a Unix socket path's limit
         base = "/tmp"
     return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=base)
+
+
+#: seconds between two looks at the run's processes (their pids name the loky semaphores they may leave)
+WATCH_S = 2.0
 
 
 def run_processes(ledger: str, session: int | None = None) -> list[int]:
@@ -144,6 +150,8 @@ class Run:
         self.kill_now = False
         self.proc: subprocess.Popen | None = None
         self.ray_tmpdir: str | None = None
+        #: pids of the run's processes seen while it ran (:func:`run_processes`), for :func:`shm.cleanup_run`
+        self.seen: set[int] = set()
 
     def _say(self, message: str) -> None:
         print(f"capo-verl launch: {message}", file=self.log, flush=True)
@@ -166,6 +174,7 @@ class Run:
         """SIGTERM every process of the run still alive, SIGKILL after :data:`KILL_AFTER_S` (at once after a second
         signal), and wait up to :data:`KILL_AFTER_S` more for them to end."""
         pids = run_processes(self.ledger, session)
+        self.seen.update(pids)
         if not pids:
             return
         if not self.kill_now:
@@ -203,17 +212,22 @@ class Run:
             env = None if self.ray_tmpdir is None else {**os.environ, "RAY_TMPDIR": self.ray_tmpdir}
             self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal, env=env)
             session = self.proc.pid
+            self.seen.add(session)
+            next_watch = time.monotonic() + WATCH_S
             while True:
                 try:
                     rc = self.proc.wait(timeout=0.2)
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if time.monotonic() >= next_watch:
+                    self.seen.update(run_processes(self.ledger, session))
+                    next_watch = time.monotonic() + WATCH_S
                 if self.kill_now or (self.stop_time is not None and time.monotonic() - self.stop_time > self.grace_s):
                     self._stop_all(session)
             self._stop_all(session)  # what outlived the command (e.g. Ray's agents)
         finally:
-            removed = shm.cleanup_run(self.ledger)
+            removed = shm.cleanup_run(self.ledger, pids=self.seen)
             if self.proc is None and self.ray_tmpdir is not None:  # the command did not start: nothing in it
                 shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
             for sig, handler in previous.items():

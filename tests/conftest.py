@@ -328,7 +328,7 @@ def stand_in_python(tmp_path_factory) -> Path:
     return path
 
 
-#: the CAPO run of tests/test_e2e_capo.py; its checkpoint at step 2 is resumed by tests/test_e2e_baselines.py
+#: the CAPO run of tests/test_e2e_capo.py (a checkpoint at step 2)
 CAPO_OVERRIDES = (
     "algorithm.adv_estimator=capo",
     "algorithm.norm_adv_by_std_in_grpo=false",
@@ -369,3 +369,119 @@ def capo_run(start_verl, tmp_path_factory) -> VerlRun:
         if os.path.exists(other):
             os.unlink(other)
     return run
+
+
+class ConfigHarness:
+    """The config tests' harness (``configs`` fixture): ``configs/`` composed like ``verl.trainer.main_ppo`` and the
+    launch scripts' ``--dry-run`` do, checked by verl's ``validate_config`` (capo-verl's checks included)."""
+
+    #: the repository's configs
+    dir = REPO / "configs"
+    #: the variables the paper configs read for paths; a config test sees their defaults (:func:`config_env`)
+    path_variables = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
+    #: what a launch script under test must not inherit from the test's environment
+    script_unset = ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *path_variables)
+
+    def compose(self, name: str, overrides=(), *, resolve: bool = True, use_reference_policy: bool | None = None):
+        """``configs/<name>.yaml`` with the Hydra ``overrides``, through verl's ``validate_config``.
+
+        Args:
+            resolve: resolve every interpolation afterwards (as verl's TaskRunner does).
+            use_reference_policy: passed to ``validate_config`` (default: verl's ``need_reference_policy``).
+
+        Raises:
+            whatever Hydra or ``validate_config`` raise (capo-verl's checks: ValueError naming the key).
+        """
+        import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat), as verl's launcher does
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+
+        with initialize_config_dir(config_dir=str(self.dir), version_base=None):
+            cfg = compose(config_name=name, overrides=list(overrides))
+        if use_reference_policy is None:
+            use_reference_policy = need_reference_policy(cfg)
+        validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=need_critic(cfg))
+        if resolve:
+            OmegaConf.resolve(cfg)
+        return cfg
+
+    def script_env(self, **values: str) -> dict[str, str]:
+        """This process's environment without :attr:`script_unset`, plus ``values``: for running a launch script."""
+        env = {k: v for k, v in os.environ.items() if k not in self.script_unset}
+        env.update(values)
+        return env
+
+
+@pytest.fixture(scope="session")
+def configs() -> ConfigHarness:
+    """:class:`ConfigHarness`: compose and check ``configs/``; pair it with :func:`config_env`."""
+    return ConfigHarness()
+
+
+@pytest.fixture
+def config_env(monkeypatch):
+    """No path variable of :attr:`ConfigHarness.path_variables` set and ``HOME=/home/u``, so that the configs
+    resolve to their defaults (a config test module uses it for all its tests: ``pytest.mark.usefixtures``)."""
+    for key in ConfigHarness.path_variables:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", "/home/u")
+
+
+def make_random_dataproto(seed: int, reward_kind: str = "binary", *, step: int | None = None, old_log_probs=None):
+    """A verl ``DataProto`` of ragged groups (G = 1..8) shuffled through the batch, padded responses of random
+    length (T = 10): ``token_level_rewards`` (the reward on each response's last token), ``response_mask``,
+    ``old_log_probs``, ``rollout_log_probs`` (``old_log_probs`` + 0.05) and ``uid``.
+
+    Args:
+        seed: the numpy generator's seed; the same seed gives the same batch.
+        reward_kind: ``binary`` (0/1), ``signed`` (0/1 mapped to -1/+1) or ``pm1`` (+-1, with a partial credit of
+            0.7 now and then).
+        step: ``meta_info["global_steps"]`` (the legacy trainer's way of passing the step), or none.
+        old_log_probs: ``(mean, std, clamp_at_zero)`` of the normal draws (default ``(-0.8, 0.5, False)``).
+
+    Raises:
+        ValueError: an unknown ``reward_kind``.
+    """
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    mean, std, clamp = old_log_probs or (-0.8, 0.5, False)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 9, rng.integers(3, 9))
+    uids = np.concatenate([[f"uid-{g}"] * s for g, s in enumerate(sizes)])
+    uids = uids[rng.permutation(len(uids))]
+    bs, T = len(uids), 10
+    lengths = torch.from_numpy(rng.integers(1, T + 1, bs))
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
+    old = torch.from_numpy(rng.normal(mean, std, (bs, T))).float()
+    old = (old.clamp(max=0) if clamp else old) * mask
+    if reward_kind in ("binary", "signed"):
+        r = rng.integers(0, 2, bs).astype(np.float32)
+        r = 2 * r - 1 if reward_kind == "signed" else r
+    elif reward_kind == "pm1":
+        r = np.where(rng.random(bs) < 0.5, 1.0, -1.0).astype(np.float32) * rng.choice([1.0, 0.7], bs)
+    else:
+        raise ValueError(f"reward_kind={reward_kind!r}: use binary, signed or pm1")
+    rewards = torch.zeros(bs, T)
+    rewards[torch.arange(bs), lengths - 1] = torch.from_numpy(r.astype(np.float32))
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "old_log_probs": old,
+            "rollout_log_probs": old + 0.05,
+        },
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    if step is not None:
+        data.meta_info["global_steps"] = step
+    return data
+
+
+@pytest.fixture(scope="session")
+def random_dataproto():
+    """:func:`make_random_dataproto`, for the estimator tests that run random batches through verl's call sites."""
+    return make_random_dataproto

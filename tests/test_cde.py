@@ -12,7 +12,6 @@ import pytest
 import torch
 import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
 from omegaconf import OmegaConf
-from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
 
@@ -122,27 +121,8 @@ def reference_cde(rewards, mask, log_probs, index, w, kappa=3.0, alpha=1.0, norm
     return out
 
 
-def random_dataproto(seed, reward_kind="binary", step=None):
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 9, rng.integers(3, 9))
-    uids = np.concatenate([[f"uid-{g}"] * s for g, s in enumerate(sizes)])
-    uids = uids[rng.permutation(len(uids))]
-    bs, T = len(uids), 10
-    lengths = torch.from_numpy(rng.integers(1, T + 1, bs))
-    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
-    old = torch.from_numpy(rng.normal(-0.5, 0.4, (bs, T))).float().clamp(max=0) * mask
-    r = rng.integers(0, 2, bs).astype(np.float32)
-    if reward_kind == "pm1":
-        r = 2 * r - 1
-    rewards = torch.zeros(bs, T)
-    rewards[torch.arange(bs), lengths - 1] = torch.from_numpy(r)
-    data = DataProto.from_dict(
-        tensors={"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": old},
-        non_tensors={"uid": np.array(uids, dtype=object)},
-    )
-    if step is not None:
-        data.meta_info["global_steps"] = step
-    return data
+#: the old log-probs of the random batches (tests/conftest.py's make_random_dataproto): mean, std, clamped at 0
+OLD = (-0.5, 0.4, True)
 
 
 def algo(norm_by_std=True, **cde_cfg):
@@ -153,10 +133,11 @@ def algo(norm_by_std=True, **cde_cfg):
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("step, w", [(2, 0.8), (3, 0.0)])
-def test_matches_the_paper_equations_through_both_verl_call_sites(norm_by_std, step, w):
+def test_matches_the_paper_equations_through_both_verl_call_sites(random_dataproto, norm_by_std, step, w):
     cfg = algo(norm_by_std, w0=0.8, w_zero_after_step=2)
     for seed in range(8):
-        data = random_dataproto(seed, step=step)  # the legacy trainer's way: data.meta_info["global_steps"]
+        # the legacy trainer's way of passing the step: data.meta_info["global_steps"]
+        data = random_dataproto(seed, step=step, old_log_probs=OLD)
         b = data.batch
         expected = reference_cde(
             b["token_level_rewards"],
@@ -168,7 +149,11 @@ def test_matches_the_paper_equations_through_both_verl_call_sites(norm_by_std, s
         )
         legacy = ray_trainer.compute_advantage(data, adv_estimator="cde", config=cfg)
         v1 = v1_utils.compute_advantage_for_multi_trajectories(
-            random_dataproto(seed, step=step), batch_keys=[], adv_estimator="cde", config=cfg, num_repeat=4
+            random_dataproto(seed, step=step, old_log_probs=OLD),
+            batch_keys=[],
+            adv_estimator="cde",
+            config=cfg,
+            num_repeat=4,
         )
         for out in (legacy, v1):
             np.testing.assert_allclose(seq(out.batch["advantages"], b["response_mask"]), expected, rtol=2e-5, atol=2e-6)
@@ -177,13 +162,15 @@ def test_matches_the_paper_equations_through_both_verl_call_sites(norm_by_std, s
 
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
-def test_zero_weight_is_verls_grpo_exactly(norm_by_std):
+def test_zero_weight_is_verls_grpo_exactly(random_dataproto, norm_by_std):
     for seed in range(8):
         cde_out = ray_trainer.compute_advantage(
-            random_dataproto(seed, "pm1"), adv_estimator="cde", config=algo(norm_by_std, w0=0.0)
+            random_dataproto(seed, "signed", old_log_probs=OLD),
+            adv_estimator="cde",
+            config=algo(norm_by_std, w0=0.0),
         )
         grpo_out = ray_trainer.compute_advantage(
-            random_dataproto(seed, "pm1"),
+            random_dataproto(seed, "signed", old_log_probs=OLD),
             adv_estimator="grpo",
             norm_adv_by_std_in_grpo=norm_by_std,
             config=OmegaConf.create({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": norm_by_std}),
@@ -192,13 +179,13 @@ def test_zero_weight_is_verls_grpo_exactly(norm_by_std):
         # 0/1 rewards: CDE maps them to +-1 first, so GRPO's scale-free std-normalised advantage is unchanged
         # (up to the 1e-6 added to the std) and Dr. GRPO's doubles, in every group of two or more responses (a lone
         # response's GRPO advantage is its reward itself: -1 instead of 0 when wrong)
-        data = random_dataproto(seed)
+        data = random_dataproto(seed, old_log_probs=OLD)
         uids = data.non_tensor_batch["uid"]
         grouped = torch.from_numpy(np.array([(uids == u).sum() > 1 for u in uids]))
         cde01 = ray_trainer.compute_advantage(data, adv_estimator="cde", config=algo(norm_by_std, w0=0.0))
         cde01 = cde01.batch["advantages"][grouped]
         grpo01 = ray_trainer.compute_advantage(
-            random_dataproto(seed),
+            random_dataproto(seed, old_log_probs=OLD),
             adv_estimator="grpo",
             norm_adv_by_std_in_grpo=norm_by_std,
             config=OmegaConf.create({"adv_estimator": "grpo"}),

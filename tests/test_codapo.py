@@ -12,7 +12,6 @@ import pytest
 import torch
 import verl  # noqa: F401  (loads the capo-verl plugin: registers the estimators)
 from omegaconf import OmegaConf
-from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.trainer.ppo.v1 import utils as v1_utils
 
@@ -139,36 +138,9 @@ def authors_codapo(rewards, mask, log_probs, index, norm_by_std=True, weight_off
     return out
 
 
-def random_dataproto(seed, reward_kind="binary"):
-    """Ragged groups (G = 1..8) shuffled through the batch, padded responses of random length."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 9, rng.integers(3, 9))
-    uids = np.concatenate([[f"uid-{g}"] * s for g, s in enumerate(sizes)])
-    uids = uids[rng.permutation(len(uids))]
-    bs, T = len(uids), 10
-    lengths = torch.from_numpy(rng.integers(1, T + 1, bs))
-    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)
-    old = torch.from_numpy(rng.normal(-0.8, 0.5, (bs, T))).float() * mask
-    if reward_kind == "binary":
-        r = rng.integers(0, 2, bs).astype(np.float32)
-    else:  # +-1 with a partial-credit reward now and then
-        r = np.where(rng.random(bs) < 0.5, 1.0, -1.0).astype(np.float32) * rng.choice([1.0, 0.7], bs)
-    rewards = torch.zeros(bs, T)
-    rewards[torch.arange(bs), lengths - 1] = torch.from_numpy(r.astype(np.float32))
-    return DataProto.from_dict(
-        tensors={
-            "token_level_rewards": rewards,
-            "response_mask": mask,
-            "old_log_probs": old,
-            "rollout_log_probs": old + 0.05,
-        },
-        non_tensors={"uid": np.array(uids, dtype=object)},
-    )
-
-
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("reward_kind", ["binary", "pm1"])
-def test_matches_authors_code_through_both_verl_call_sites(norm_by_std, reward_kind):
+def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, norm_by_std, reward_kind):
     for seed in range(8):
         data = random_dataproto(seed, reward_kind)
         cfg = OmegaConf.create(
@@ -199,7 +171,7 @@ def test_matches_authors_code_through_both_verl_call_sites(norm_by_std, reward_k
         assert "codapo/weight_mean" in metrics and "capo/mixed_group_frac" in metrics
 
 
-def test_uses_rollout_log_probs_only_without_old_log_probs():
+def test_uses_rollout_log_probs_only_without_old_log_probs(random_dataproto):
     data = random_dataproto(3)
     cfg = OmegaConf.create({"adv_estimator": "codapo", "gamma": 1.0, "lam": 1.0})
     a = ray_trainer.compute_advantage(random_dataproto(3), adv_estimator="codapo", config=cfg).batch["advantages"]

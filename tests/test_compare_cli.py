@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -232,7 +233,7 @@ def finished_runs(tmp_path: Path, out: Path, args: list[str]) -> dict:
     return plan.method_settings
 
 
-def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path):
+def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path, caplog):
     out = tmp_path / "cmp"
     settings = finished_runs(tmp_path, out, base_args(tmp_path, out))
     before = snapshot(out)
@@ -262,9 +263,10 @@ def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path):
     assert "eval_k: 4 -> 8; use --eval-k 4" in message
 
     # the same settings: nothing trained again, the report drawn with the requested resamples
-    proc = run_cli(*base_args(tmp_path, out, "--n-boot", "300"), cwd=tmp_path)
+    with caplog.at_level(logging.INFO, logger="capo_verl.compare"):
+        proc = run_cli(*base_args(tmp_path, out, "--n-boot", "300"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("not trained again") == 2
+    assert caplog.text.count("not trained again") == 2  # progress: the capo_verl logger (stderr), not stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_boot"] == 300 and "capo - grpo" in summary["differences"]
     assert "settings" not in summary["methods"]["grpo"]["run"]
@@ -340,7 +342,7 @@ def test_an_installed_wheel_finds_its_default_config_outside_the_checkout(tmp_pa
 def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_method(tmp_path):
     """Seed k of --seeds: every method's composed config has data.seed = k and actor_rollout_ref.rollout.seed = k
     (paired across methods), and nothing else differs from the seedless plan."""
-    from capo_verl.compare.cli import seed_overrides
+    from capo_verl.compare.cli import seed_overrides, seed_plan
     from capo_verl.compare.outdir import differences
 
     args = build_parser().parse_args(base_args(tmp_path, tmp_path / "cmp", "--seeds", "3,5"))
@@ -348,6 +350,8 @@ def test_a_training_seed_sets_the_data_order_and_the_rollout_seeds_of_every_meth
     plain = make_plan(args)
     for k in args.seeds:
         plan = make_plan(args, seed_overrides(k))
+        # what main() uses instead of composing every method's config again per seed: the same plan
+        assert seed_plan(plain, args, k) == plan
         for method, settings in plan.method_settings.items():
             composed = settings["composed"]
             assert composed["data"]["seed"] == k and composed["actor_rollout_ref"]["rollout"]["seed"] == k
@@ -405,7 +409,15 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
         return folder / "eval_report"
 
     args = [a for a in base_args(tmp_path, out, "--seeds", "0,1", "--teacher-forced", "2") if a != "--no-eval"]
+    composed = []
+    checked_config = cli.checked_config
+
+    def counted_checked_config(label, *a, **kw):
+        composed.append(label)
+        return checked_config(label, *a, **kw)
+
     with (
+        mock.patch.object(cli, "checked_config", counted_checked_config),
         mock.patch.object(cli, "run_method", fake_run_method),
         mock.patch.object(cli.teacher_forced, "make_pool", lambda out, *a, **kw: out / "teacher_forced"),
         mock.patch.object(cli.teacher_forced, "score_run", record("score")),
@@ -425,6 +437,8 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
             expected += [("train", k, m), ("score", k, m), ("heldout", k, m)]
         expected.append(("evaluate", k, ("grpo", "capo")))
     assert events == expected
+    # each config composed and checked once, whatever the number of seeds
+    assert composed == ["the shared config", "method grpo", "method capo"]
 
 
 def test_a_finished_method_without_checkpoints_needs_what_they_would_make(tmp_path):

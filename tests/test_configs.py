@@ -7,18 +7,20 @@ from pathlib import Path
 
 import pytest
 import verl  # noqa: F401  loads the capo-verl plugin (estimators, compat), as verl's launcher does
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.reward import get_custom_reward_fn
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import omega_conf_to_dataclass, validate_config
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import RolloutConfig
 
 from capo_verl.compat.methods import ESTIMATORS
 from capo_verl.estimators import CdeConfig, CodapoConfig
 
-pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning"),
+    pytest.mark.usefixtures("config_env"),
+]
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 RUNS = [f"{m}_qwen2.5_math_{s}" for m in ("grpo", "gspo", "capo", "codapo", "cde") for s in ("1.5b", "7b")]
@@ -26,26 +28,6 @@ ABLATIONS = ["tau0.4", "tau0.6", "tau1.0", "mask_1.25_2.1", "no_mask", "grpo_mas
 HF_ID = {"1.5b": "Qwen/Qwen2.5-Math-1.5B", "7b": "Qwen/Qwen2.5-Math-7B"}
 STEPS = {"1.5b": 600, "7b": 400}
 TAU = {"1.5b": 0.6, "7b": 0.5}
-
-
-PATH_VARIABLES = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
-
-
-@pytest.fixture(autouse=True)
-def _no_path_variables(monkeypatch):
-    """The configs read CAPO_* variables; tests see the defaults unless they set them."""
-    for key in PATH_VARIABLES:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("HOME", "/home/u")
-
-
-def compose_checked(name: str, overrides: list[str] | None = None):
-    """Compose like verl.trainer.main_ppo, run verl's validate_config, resolve every interpolation."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name=name, overrides=overrides or [])
-    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    OmegaConf.resolve(cfg)
-    return cfg
 
 
 def assert_paper_table(cfg):
@@ -88,9 +70,9 @@ def assert_estimator_is_the_method(name: str):
 
 
 @pytest.mark.parametrize("name", RUNS)
-def test_run_config_composes_validates_and_matches_paper(name):
+def test_run_config_composes_validates_and_matches_paper(configs, name):
     method, size = name.split("_")[0], name.rsplit("_", 1)[1]
-    cfg = compose_checked(name)
+    cfg = configs.compose(name)
     assert_paper_table(cfg)
     actor = cfg.actor_rollout_ref.actor
     assert cfg.actor_rollout_ref.model.path == HF_ID[size]
@@ -164,8 +146,8 @@ def test_run_config_composes_validates_and_matches_paper(name):
 
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
 @pytest.mark.parametrize("ablation", ABLATIONS)
-def test_ablation_configs(ablation, size):
-    cfg = compose_checked(f"capo_qwen2.5_math_{size}", [f"ablation={ablation}"])
+def test_ablation_configs(configs, ablation, size):
+    cfg = configs.compose(f"capo_qwen2.5_math_{size}", [f"ablation={ablation}"])
     assert_paper_table(cfg)
     capo = cfg.algorithm.capo
     expected_name = {
@@ -223,31 +205,31 @@ def test_the_sweep_runs_every_ablation_config(tmp_path, size):
 
 
 @pytest.mark.parametrize("size", ["1.5b", "7b"])
-def test_paths_from_variables(monkeypatch, size):
+def test_paths_from_variables(configs, monkeypatch, size):
     """Set once in the environment: data, checkpoints and model follow (also without the launch scripts)."""
     monkeypatch.setenv("CAPO_DATA_DIR", "/data/capo")
     monkeypatch.setenv("CAPO_CKPT_DIR", "/ckpt")
     monkeypatch.setenv("CAPO_MODEL_1_5B", "/models/m15")
     monkeypatch.setenv("CAPO_MODEL_7B", "/models/m7")
-    cfg = compose_checked(f"gspo_qwen2.5_math_{size}")
+    cfg = configs.compose(f"gspo_qwen2.5_math_{size}")
     assert cfg.actor_rollout_ref.model.path == {"1.5b": "/models/m15", "7b": "/models/m7"}[size]
     assert cfg.data.train_files == "/data/capo/deepscaler_train.parquet"
     assert cfg.data.val_files[0] == "/data/capo/deepscaler_val.parquet"
     assert cfg.trainer.default_local_dir == f"/ckpt/capo/gspo_qwen2.5_math_{size}"
 
 
-def test_method_keys_override_without_plus():
+def test_method_keys_override_without_plus(configs):
     """The codapo and cde configs declare their sections: plain overrides reach the estimators' configs (bad values
     stop in verl's validate_config: tests/test_method_configs.py)."""
-    cfg = compose_checked("cde_qwen2.5_math_1.5b", ["algorithm.cde.w0=0.5", "algorithm.cde.w_zero_after_step=null"])
+    cfg = configs.compose("cde_qwen2.5_math_1.5b", ["algorithm.cde.w0=0.5", "algorithm.cde.w_zero_after_step=null"])
     assert CdeConfig.from_algorithm_config(cfg.algorithm) == CdeConfig(w0=0.5, w_zero_after_step=None)
-    cfg = compose_checked("codapo_qwen2.5_math_7b", ["algorithm.codapo.weight_offset=0.2"])
+    cfg = configs.compose("codapo_qwen2.5_math_7b", ["algorithm.codapo.weight_offset=0.2"])
     assert CodapoConfig.from_algorithm_config(cfg.algorithm).weight_offset == 0.2
 
 
-def test_overrides_without_plus():
+def test_overrides_without_plus(configs):
     """Users override the CAPO keys directly (no '+'), and the ablation tag follows the override."""
-    cfg = compose_checked(
+    cfg = configs.compose(
         "capo_qwen2.5_math_1.5b",
         ["algorithm.capo.tau=0.3", "algorithm.capo.ref_high=3.0", "trainer.val_calib=false", "trainer.nnodes=2"],
     )
@@ -255,9 +237,9 @@ def test_overrides_without_plus():
     assert cfg.trainer.val_calib is False and cfg.trainer.nnodes == 2
 
 
-def test_reward_function_loads_through_verl():
+def test_reward_function_loads_through_verl(configs):
     """verl's own loader finds capo_verl.reward.compute_score from the config and it grades."""
-    cfg = compose_checked("grpo_qwen2.5_math_1.5b")
+    cfg = configs.compose("grpo_qwen2.5_math_1.5b")
     fn = get_custom_reward_fn(cfg)
     out = fn(data_source="aime24", solution_str="so the answer is \\boxed{204}.", ground_truth="204", extra_info={})
     assert out == {"score": 1.0, "acc": 1.0, "pred": "204"}
@@ -279,25 +261,21 @@ DRY_RUNS = {f"run_{name}.sh": ["--dry-run", "trainer.test_freq=7"] for name in R
 DRY_RUNS["run_ablations.sh"] = ["--dry-run", "--only", "tau0.4,grpo_mask", "--size", "7b"]
 
 
-def _script_env(data_dir: Path, python: str = sys.executable) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *PATH_VARIABLES):
-        env.pop(key, None)
-    env.update(
+def _script_env(configs, data_dir: Path, python: str = sys.executable) -> dict[str, str]:
+    return configs.script_env(
         PYTHON=python,
         CAPO_DATA_DIR=str(data_dir),
         CAPO_CKPT_DIR="/ckpt/capo",
         CAPO_MODEL_1_5B="/models/qwen-math-1.5b",
         NNODES="2",
     )
-    return env
 
 
 @pytest.fixture(scope="module")
-def dry_runs(tmp_path_factory, stand_in_python):
+def dry_runs(configs, tmp_path_factory, stand_in_python):
     """Every script's --dry-run with the stand-in Python; {script: (rc, out, err)}."""
     data_dir = tmp_path_factory.mktemp("data")  # empty: the dry run warns about missing files, starts nothing
-    env = _script_env(data_dir, str(stand_in_python))
+    env = _script_env(configs, data_dir, str(stand_in_python))
     results = {}
     for script, args in DRY_RUNS.items():
         proc = subprocess.run(
@@ -312,14 +290,14 @@ def _commands(out: str) -> list[list[str]]:
     return [shlex.split(lines[i + 1]) for i, ln in enumerate(lines) if ln.startswith("# command (dry run")]
 
 
-def _compose_command(cmd: list[str]):
+def _compose_command(configs, cmd: list[str]):
     """Compose ``python -m verl.trainer.main_ppo --config-path=D --config-name=N OVERRIDES...`` like the dry run."""
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and cmd[3] == f"--config-path={CONFIG_DIR}", cmd
-    return compose_checked(cmd[4].removeprefix("--config-name="), cmd[5:])
+    return configs.compose(cmd[4].removeprefix("--config-name="), cmd[5:])
 
 
 @pytest.mark.parametrize("name", RUNS)
-def test_run_script_dry_run(dry_runs, stand_in_python, name):
+def test_run_script_dry_run(configs, dry_runs, stand_in_python, name):
     data_dir, results = dry_runs
     rc, out, err = results[f"run_{name}.sh"]
     assert rc == 0, err[-3000:]
@@ -333,7 +311,7 @@ def test_run_script_dry_run(dry_runs, stand_in_python, name):
     [given] = [ln.split()[3:] for ln in out.splitlines() if ln.startswith("# stand-in python: ")]
     assert given[given.index("--") + 1 :] == cmd
     assert given[: given.index("--")][:2] == ["--script-file", f"{data_dir}/deepscaler_train.parquet"]
-    cfg = _compose_command(cmd)
+    cfg = _compose_command(configs, cmd)
     model = "/models/qwen-math-1.5b" if size == "1.5b" else HF_ID["7b"]  # env variable, else the HF id
     assert cfg.actor_rollout_ref.model.path == model
     assert cfg.data.train_files == f"{data_dir}/deepscaler_train.parquet"
@@ -345,14 +323,14 @@ def test_run_script_dry_run(dry_runs, stand_in_python, name):
     assert cfg.actor_rollout_ref.rollout.val_kwargs.n == 16 and cfg.data.train_batch_size == 128
 
 
-def test_ablation_sweep_dry_run(dry_runs):
+def test_ablation_sweep_dry_run(configs, dry_runs):
     _, results = dry_runs
     rc, out, err = results["run_ablations.sh"]
     assert rc == 0, err[-3000:]
     cmds = _commands(out)
     assert [c[-1] for c in cmds] == ["ablation=tau0.4", "ablation=grpo_mask"]
     assert all("--config-name=capo_qwen2.5_math_7b" in c for c in cmds)
-    tau, mask = (_compose_command(c) for c in cmds)
+    tau, mask = (_compose_command(configs, c) for c in cmds)
     assert tau.trainer.experiment_name == "capo_tau0.4_qwen2.5_math_7b" and tau.algorithm.capo.tau == 0.4
     assert mask.trainer.experiment_name == "grpo_mask_qwen2.5_math_7b"
     assert mask.algorithm.adv_estimator == "grpo_mask"
@@ -375,9 +353,9 @@ def test_printed_command_is_what_verl_main_ppo_parses(dry_runs):
     assert cfg.algorithm.capo.use_mask is False and cfg.trainer.test_freq == 7
 
 
-def test_launch_refuses_without_data(tmp_path):
+def test_launch_refuses_without_data(configs, tmp_path):
     """Without --dry-run the script checks the data files first and names the fix; nothing starts."""
-    env = _script_env(tmp_path)
+    env = _script_env(configs, tmp_path)
     proc = subprocess.run(
         ["bash", str(SCRIPTS_DIR / "run_grpo_qwen2.5_math_1.5b.sh")], env=env, capture_output=True, text=True
     )
@@ -385,10 +363,10 @@ def test_launch_refuses_without_data(tmp_path):
     assert "missing data file(s)" in proc.stderr and "capo-verl prepare-data" in proc.stderr
 
 
-def test_script_rejects_unknown_option(tmp_path):
+def test_script_rejects_unknown_option(configs, tmp_path):
     proc = subprocess.run(
         ["bash", str(SCRIPTS_DIR / "run_capo_qwen2.5_math_7b.sh"), "--dryrun"],
-        env=_script_env(tmp_path),
+        env=_script_env(configs, tmp_path),
         capture_output=True,
         text=True,
     )
@@ -405,14 +383,14 @@ def _fake_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def test_scripts_use_the_project_venv_without_PYTHON(tmp_path):
+def test_scripts_use_the_project_venv_without_PYTHON(configs, tmp_path):
     """After scripts/setup.sh a plain `bash scripts/run_*.sh` runs .venv/bin/python, not the system python3."""
     repo = _fake_repo(tmp_path)
     venv_python = repo / ".venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a Python with verl, as setup.sh makes
     venv_python.chmod(0o755)
-    env = _script_env(tmp_path)
+    env = _script_env(configs, tmp_path)
     env.pop("PYTHON")
     proc = subprocess.run(
         ["bash", str(repo / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run"],
@@ -428,9 +406,9 @@ def test_scripts_use_the_project_venv_without_PYTHON(tmp_path):
 
 
 @pytest.mark.parametrize("python", ["missing", "without_verl"])
-def test_scripts_stop_clearly_without_a_python_with_verl(tmp_path, python):
+def test_scripts_stop_clearly_without_a_python_with_verl(configs, tmp_path, python):
     repo = _fake_repo(tmp_path)
-    env = _script_env(tmp_path)
+    env = _script_env(configs, tmp_path)
     if python == "missing":
         env["PYTHON"] = str(tmp_path / "no" / "python")
     else:  # no PYTHON and no .venv: python3 from PATH, here a real Python without site-packages, so without verl

@@ -183,3 +183,23 @@ def test_torch_sees_no_accelerator_here_and_the_cpu_platform_claims_the_host():
 
     assert torch_accelerator() is None
     assert PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True)
+
+
+def test_a_probe_that_raises_counts_as_no_accelerator_and_is_logged(monkeypatch, caplog):
+    """A broken accelerator check (e.g. a driver error inside torch.cuda.is_available) does not silently decide the
+    platform: it is logged with the check's name and the error."""
+    import logging
+
+    import torch
+
+    from capo_verl.compat.cpu import torch_accelerator
+
+    def broken():
+        raise RuntimeError("driver init failed")
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    with caplog.at_level(logging.WARNING, logger="capo_verl.compat.cpu"):
+        torch_accelerator()
+    [record] = [r for r in caplog.records if "torch.cuda.is_available()" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "RuntimeError: driver init failed" in record.getMessage()

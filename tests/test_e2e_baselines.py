@@ -1,14 +1,14 @@
 """The baselines that need verl's trainer to be tested: CDE's step schedule across a resume, and SimKO's loss
-through verl's FSDP engine, in one trainer launch (harness: tests/conftest.py).
+through verl's FSDP engine, in two trainer launches of their own (harness: tests/conftest.py).
 
-The launch resumes the CAPO run's checkpoint at step 2 (the ``capo_run`` fixture, shared with
-tests/test_e2e_capo.py) in a new process and trains steps 3 and 4 with ``algorithm.adv_estimator=cde`` and
-``policy_loss.loss_mode=simko``: an advantage estimator and a policy loss, independent parts of verl's step; a
-checkpoint holds weights, optimizer and data position, not the estimator. What it covers that no other test does:
+The first launch trains steps 1 and 2 with ``algorithm.adv_estimator=cde`` and ``policy_loss.loss_mode=simko`` and
+saves a checkpoint at step 2; the second resumes it in a new process and trains steps 3 and 4. An advantage
+estimator and a policy loss are independent parts of verl's step; a checkpoint holds weights, optimizer and data
+position, not the estimator. What it covers that no other test does:
 
-- CDE reads the trainer's step, restored from the checkpoint: its bonus weight is ``w0`` at step 3
+- CDE reads the trainer's step, restored from the checkpoint: its bonus weight is ``w0`` at steps 1 to 3
   (``<= w_zero_after_step``) and 0 at step 4. An estimator that counted its own calls would be at its first and
-  second call in this process, with ``w0`` at both;
+  second call in the resumed process, with ``w0`` at both;
 - SimKO's loss is found in verl's actor worker, the FSDP engine's top-K tensors reach it (the loss raises without
   them), with the paper configs' packed layout (``use_remove_padding``) and token-budget micro-batches
   (``use_dynamic_bsz``), and its diagnostics come back in verl's step metrics.
@@ -44,11 +44,12 @@ CDE_SIMKO = [
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=400",
-    "trainer.total_training_steps=4",
-    "trainer.resume_mode=auto",
-    "trainer.save_freq=-1",
     "trainer.test_freq=-1",  # validation: tests/test_e2e_capo.py
 ]
+#: the first launch: steps 1 and 2, a checkpoint at step 2
+FIRST = ["trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.resume_mode=disable"]
+#: the second launch: resumes that checkpoint, steps 3 and 4
+RESUMED = ["trainer.total_training_steps=4", "trainer.save_freq=-1", "trainer.resume_mode=auto"]
 
 SIMKO_METRICS = (
     "forking_frac",
@@ -71,15 +72,18 @@ def check_simko(step: int, data: dict) -> None:
     assert 0.0 < simko["top1_prob_mean"] <= simko["topk_prob_mass_mean"] <= 1.0, (step, simko)
 
 
-def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsdp_engine(run_verl, capo_run, tmp_path):
-    capo_run.assert_ok()  # the checkpoint this launch resumes
-    resume_from = f"trainer.default_local_dir={capo_run.workdir / 'ckpt'}"
-    run = run_verl(tmp_path / "cde_simko_resumed", [*CDE_SIMKO, resume_from])
+def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsdp_engine(run_verl, tmp_path):
+    ckpt = f"trainer.default_local_dir={tmp_path / 'ckpt'}"  # shared by both launches
+    first = run_verl(tmp_path / "cde_simko", [*CDE_SIMKO, *FIRST, ckpt])
+    first.assert_ok()
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    run = run_verl(tmp_path / "cde_simko_resumed", [*CDE_SIMKO, *RESUMED, ckpt])
     run.assert_ok()
-    trained = sorted(step for step, data in run.steps.items() if "actor/pg_loss" in data)
-    assert trained == [3, 4], sorted(run.steps)
-    for step, w in ((3, 1.0), (4, 0.0)):
-        data = run.steps[step]
+    assert sorted(s for s, d in first.steps.items() if "actor/pg_loss" in d) == [1, 2], sorted(first.steps)
+    assert sorted(s for s, d in run.steps.items() if "actor/pg_loss" in d) == [3, 4], sorted(run.steps)
+    steps = {**first.steps, **run.steps}
+    for step, w in ((1, 1.0), (2, 1.0), (3, 1.0), (4, 0.0)):
+        data = steps[step]
         assert data["cde/w"] == w, (step, data["cde/w"])
         assert 0.0 <= data["cde/bonus_cap_frac"] <= 1.0
         if w:
@@ -95,7 +99,9 @@ def test_cde_schedule_continues_across_a_resume_and_simko_trains_through_the_fsd
             assert "capo/auc_mean" not in data, (step, data["capo/auc_mean"])
         assert math.isfinite(data["actor/pg_loss"]) and data["actor/grad_norm"] > 0
         check_simko(step, data)
-    # a mixed group gives smoothed tokens (correct responses with A > 0); a step without one has none to smooth
-    mixed = [step for step in trained if run.steps[step]["capo/mixed_group_frac"] > 0]
-    if mixed:
-        assert any(run.steps[step]["actor/simko/smoothed_frac"] > 0 for step in mixed), run.steps
+    # a mixed group gives smoothed tokens (correct responses with A > 0). The parity reward is right for about half
+    # of the responses, so a group of 4 is mixed with probability ~7/8 and a step of 4 groups has none with
+    # probability ~2e-4: 4 steps without one mean the reward or the grouping broke, not bad luck
+    mixed = [step for step in sorted(steps) if steps[step]["capo/mixed_group_frac"] > 0]
+    assert mixed, f"no step with a mixed group: SimKO's smoothing is untested; {steps}"
+    assert any(steps[step]["actor/simko/smoothed_frac"] > 0 for step in mixed), steps

@@ -1,7 +1,7 @@
 """CAPO end to end: ``python -m verl.trainer.main_ppo`` with ``algorithm.adv_estimator=capo`` on the CPU profile.
 
 The one trainer run of CAPO itself (the ``capo_run`` fixture of tests/conftest.py: 2 steps, a validation pass and a
-checkpoint at step 2, which tests/test_e2e_baselines.py resumes). What it covers that no other test does:
+checkpoint at step 2). What it covers that no other test does:
 
 - the plugin loads inside Ray's TaskRunner and workers: verl trains with ``adv_estimator=capo`` and the noise mask
   switches the reference pass on, without any KL term;

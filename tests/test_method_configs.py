@@ -5,39 +5,20 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
-from hydra import compose, initialize_config_dir
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import validate_config
 
-pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning"),
+    pytest.mark.usefixtures("config_env"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
-PATH_VARIABLES = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
-
-
-@pytest.fixture(autouse=True)
-def _no_path_variables(monkeypatch):
-    for key in PATH_VARIABLES:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("HOME", "/home/u")
-
-
-def validate(name: str, *overrides: str, use_reference_policy: bool | None = None):
-    """Compose ``configs/<name>.yaml`` with ``overrides`` and run verl's validate_config on it."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name=name, overrides=list(overrides))
-    if use_reference_policy is None:
-        use_reference_policy = need_reference_policy(cfg)
-    validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=need_critic(cfg))
-    return cfg
 
 
 CODAPO, CDE, CAPO, GRPO = (f"{method}_qwen2.5_math_1.5b" for method in ("codapo", "cde", "capo", "grpo"))
@@ -75,16 +56,18 @@ CODAPO, CDE, CAPO, GRPO = (f"{method}_qwen2.5_math_1.5b" for method in ("codapo"
         (GRPO, ["+algorithm.cde.kappa=0"], r"algorithm\.cde\.kappa"),
     ],
 )
-def test_bad_values_stop_in_verls_validate_config(name, overrides, message):
+def test_bad_values_stop_in_verls_validate_config(configs, name, overrides, message):
     with pytest.raises(ValueError, match=message):
-        validate(name, *overrides, use_reference_policy=True)
+        configs.compose(name, overrides, resolve=False, use_reference_policy=True)
 
 
-def test_valid_variants_pass():
-    validate(CDE, "trainer.use_v1=false", "algorithm.cde.w_zero_after_step=null")  # constant weight: no step needed
-    validate(CDE, "algorithm.cde.kappa=2", "algorithm.cde.w0=0")
-    validate(CODAPO, "algorithm.codapo.weight_offset=0")
-    validate(CAPO, "algorithm.capo.tau=3e-39")
+def test_valid_variants_pass(configs):
+    configs.compose(
+        CDE, ["trainer.use_v1=false", "algorithm.cde.w_zero_after_step=null"], resolve=False
+    )  # constant weight: no step needed
+    configs.compose(CDE, ["algorithm.cde.kappa=2", "algorithm.cde.w0=0"], resolve=False)
+    configs.compose(CODAPO, ["algorithm.codapo.weight_offset=0"], resolve=False)
+    configs.compose(CAPO, ["algorithm.capo.tau=3e-39"], resolve=False)
 
 
 def _local_model(tmp_path: Path, config: dict | None) -> Path:
@@ -105,27 +88,28 @@ def _local_model(tmp_path: Path, config: dict | None) -> Path:
         ({"hidden_size": 8}, 3, r"config\.json has no integer vocab_size"),
     ],
 )
-def test_simko_top_k_is_checked_against_a_local_models_vocabulary(tmp_path, model_config, top_k, message):
+def test_simko_top_k_is_checked_against_a_local_models_vocabulary(configs, tmp_path, model_config, top_k, message):
     overrides = [
         f"actor_rollout_ref.model.path={_local_model(tmp_path, model_config)}",
         f"actor_rollout_ref.actor.policy_loss.simko.top_k={top_k}",
     ]
     if message is None:
-        validate("simko_qwen2.5_math_1.5b", *overrides)
+        configs.compose("simko_qwen2.5_math_1.5b", overrides, resolve=False)
     else:
         with pytest.raises(ValueError, match=message):
-            validate("simko_qwen2.5_math_1.5b", *overrides)
+            configs.compose("simko_qwen2.5_math_1.5b", overrides, resolve=False)
 
 
-def test_simko_top_k_is_not_checked_for_a_hub_model():
+def test_simko_top_k_is_not_checked_for_a_hub_model(configs):
     """A hub id (not a local directory) is skipped: the vocabulary is unknown before the model is downloaded."""
-    cfg = validate("simko_qwen2.5_math_1.5b", "actor_rollout_ref.actor.policy_loss.simko.top_k=10000000")
+    cfg = configs.compose(
+        "simko_qwen2.5_math_1.5b", ["actor_rollout_ref.actor.policy_loss.simko.top_k=10000000"], resolve=False
+    )
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-1.5B"
 
 
-def test_launch_script_dry_run_stops_on_a_bad_key(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", *PATH_VARIABLES)}
-    env.update(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), HOME=str(tmp_path))
+def test_launch_script_dry_run_stops_on_a_bad_key(configs, tmp_path):
+    env = configs.script_env(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), HOME=str(tmp_path))
     proc = subprocess.run(
         [
             "bash",

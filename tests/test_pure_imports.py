@@ -20,6 +20,9 @@ PURE = [
     "capo_verl.losses.simko",
     "capo_verl.reward",
     "capo_verl.evaluation.score",
+    "capo_verl.evaluation.problems",
+    "capo_verl.evaluation.sampling",
+    "capo_verl.precision",
 ]
 
 PROBE = textwrap.dedent(

@@ -56,3 +56,78 @@ def test_outside_a_run_nothing_is_recorded(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     assert shm.new_ledger(str(tmp_path)).startswith(str(tmp_path / "capo-verl-run-"))
     assert list(tmp_path.iterdir()) == []  # the ledger file is made by the first record
+
+
+#: a process that makes a loky-named POSIX semaphore and ends without unlinking it (as vLLM's CPU worker, killed at
+#: the end of a Ray run, leaves joblib's loky semaphore); in its run when it has one; prints the semaphore's path
+LEAVE_LOKY_SEMAPHORE = """
+import os, secrets
+from _multiprocessing import SemLock
+from capo_verl.compat import shm
+name = f"/loky-{os.getpid()}-{secrets.token_hex(4)}"  # loky's own naming (joblib/externals/loky/backend)
+SemLock(1, 1, 1, name, False)  # semaphore, value 1, max 1, not unlinked
+if os.environ.get(shm.RUN_ENV):
+    shm.record_created()  # capo-verl loads in this process after the semaphore was made: only its pid is recorded
+print(shm.SHM_DIR + "/sem" + name.replace("/", "."), flush=True)
+os._exit(0)  # no finalizer: the semaphore stays, as after SIGKILL
+"""
+
+
+def _leave_loky_semaphore(ledger: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in (shm.RUN_ENV, "RAY_RAYLET_PID")}
+    if ledger:
+        env[shm.RUN_ENV] = ledger
+    out = subprocess.run(
+        [sys.executable, "-c", LEAVE_LOKY_SEMAPHORE], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_cleanup_run_removes_the_loky_semaphores_of_the_runs_processes_only(tmp_path):
+    """A loky semaphore made before capo-verl loaded in its process is not recorded by path; it is the run's by the
+    pid in its name. Another program's semaphore of the same pattern stays."""
+    ledger = str(tmp_path / "run.shm")
+    made = []
+    try:
+        ours = _leave_loky_semaphore(ledger)
+        other = _leave_loky_semaphore(None)
+        seen_by_launcher = _leave_loky_semaphore(None)  # a run process that never loads capo-verl
+        made += [ours, other, seen_by_launcher]
+        assert all(os.path.exists(p) for p in made), made
+        assert shm.recorded(ledger) == []  # nothing recorded by path
+        [pid] = shm.recorded_pids(ledger)
+        assert os.path.basename(ours).startswith(f"sem.loky-{pid}-")
+        launcher_pid = int(os.path.basename(seen_by_launcher).split("-")[1])
+
+        assert shm.cleanup_run(ledger, pids={launcher_pid}) == [ours, seen_by_launcher]
+        assert not os.path.exists(ours) and not os.path.exists(seen_by_launcher)
+        assert os.path.exists(other)
+        assert not os.path.exists(ledger)
+    finally:
+        for path in made:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_loky_semaphore_still_mapped_is_left(tmp_path):
+    """A live process that maps a semaphore named by a pid of the run (a pid reused by another program) keeps it."""
+    ledger = str(tmp_path / "run.shm")
+    code = (
+        "import os, sys\n"
+        "from _multiprocessing import SemLock\n"
+        "name = f'/loky-{os.getpid()}-live'\n"
+        "s = SemLock(1, 1, 1, name, False)\n"
+        "print('/dev/shm/sem' + name.replace('/', '.'), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    path = proc.stdout.readline().strip()
+    try:
+        shm.record_pid(proc.pid, ledger)
+        assert os.path.exists(path)
+        assert shm.cleanup_run(ledger) == []
+        assert os.path.exists(path)
+    finally:
+        proc.communicate("", timeout=30)
+        if os.path.exists(path):
+            os.unlink(path)

@@ -3,45 +3,29 @@ SimKO checks), carry the authors' hyperparameters on the shared paper base, and 
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 import verl  # noqa: F401  loads the capo-verl plugin, as verl's launcher does
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import omega_conf_to_dataclass, validate_config
+from verl.trainer.ppo.utils import need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass
 
-pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning"),
+    pytest.mark.usefixtures("config_env"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
 SIZES = {"1.5b": ("Qwen/Qwen2.5-Math-1.5B", 600, 1), "7b": ("Qwen/Qwen2.5-Math-7B", 400, 2)}
-PATH_VARIABLES = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
-
-
-@pytest.fixture(autouse=True)
-def _no_path_variables(monkeypatch):
-    for key in PATH_VARIABLES:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("HOME", "/home/u")
-
-
-def _compose(name: str, overrides: list[str] | None = None):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name=name, overrides=overrides or [])
-    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    OmegaConf.resolve(cfg)
-    return cfg
 
 
 @pytest.mark.parametrize("size", sorted(SIZES))
-def test_simko_config_composes_validates_and_has_the_authors_values(size):
+def test_simko_config_composes_validates_and_has_the_authors_values(configs, size):
     model, steps, tp = SIZES[size]
-    cfg = _compose(f"simko_qwen2.5_math_{size}")
+    cfg = configs.compose(f"simko_qwen2.5_math_{size}")
     actor = cfg.actor_rollout_ref.actor
     assert actor.policy_loss.loss_mode == "simko"
     assert dict(actor.policy_loss.simko) == {"top_k": 3, "alpha": 0.01, "entropy_quantile": 0.8, "top1_penalty": 1.1}
@@ -60,25 +44,22 @@ def test_simko_config_composes_validates_and_has_the_authors_values(size):
     assert omega_conf_to_dataclass(actor).policy_loss.simko["top_k"] == 3
 
 
-def test_simko_keys_override_without_plus_and_are_checked():
-    cfg = _compose("simko_qwen2.5_math_7b", ["actor_rollout_ref.actor.policy_loss.simko.alpha=0.05"])
+def test_simko_keys_override_without_plus_and_are_checked(configs):
+    cfg = configs.compose("simko_qwen2.5_math_7b", ["actor_rollout_ref.actor.policy_loss.simko.alpha=0.05"])
     assert cfg.actor_rollout_ref.actor.policy_loss.simko.alpha == 0.05
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.policy_loss\.simko\.entropy_quantile"):
-        _compose("simko_qwen2.5_math_7b", ["actor_rollout_ref.actor.policy_loss.simko.entropy_quantile=1.5"])
+        configs.compose("simko_qwen2.5_math_7b", ["actor_rollout_ref.actor.policy_loss.simko.entropy_quantile=1.5"])
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.strategy fsdp or fsdp2"):
-        _compose("simko_qwen2.5_math_1.5b", ["actor_rollout_ref.actor.strategy=megatron"])
+        configs.compose("simko_qwen2.5_math_1.5b", ["actor_rollout_ref.actor.strategy=megatron"])
 
 
 @pytest.mark.parametrize("size", sorted(SIZES))
-def test_simko_script_dry_run(tmp_path, stand_in_python, size):
+def test_simko_script_dry_run(configs, tmp_path, stand_in_python, size):
     """The script's --dry-run with a stand-in Python (tests/conftest.py); its printed command composed here."""
     model, steps, _ = SIZES[size]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *PATH_VARIABLES)
-    }
-    env.update(PYTHON=str(stand_in_python), CAPO_DATA_DIR=str(tmp_path), CAPO_CKPT_DIR="/ckpt/capo", NNODES="2")
+    env = configs.script_env(
+        PYTHON=str(stand_in_python), CAPO_DATA_DIR=str(tmp_path), CAPO_CKPT_DIR="/ckpt/capo", NNODES="2"
+    )
     top_k = "actor_rollout_ref.actor.policy_loss.simko.top_k=5"
     script = REPO / "scripts" / f"run_simko_qwen2.5_math_{size}.sh"
     proc = subprocess.run(
@@ -94,7 +75,7 @@ def test_simko_script_dry_run(tmp_path, stand_in_python, size):
         f"--config-name=simko_qwen2.5_math_{size}",
     ]
     assert cmd[-1] == top_k
-    cfg = _compose(f"simko_qwen2.5_math_{size}", cmd[5:])
+    cfg = configs.compose(f"simko_qwen2.5_math_{size}", cmd[5:])
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "simko"
     assert cfg.actor_rollout_ref.actor.policy_loss.simko.top_k == 5
     assert cfg.actor_rollout_ref.model.path == model

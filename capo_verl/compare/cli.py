@@ -8,6 +8,8 @@ or evaluation exits 1.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -60,10 +62,14 @@ def _seed_list(text: str) -> list[int]:
     return seeds
 
 
+#: what a training seed sets: verl's dataloader shuffle and the base of every rollout request's seed
+#: (:func:`capo_verl.compat.vllm_cpu.request_seed`)
+SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed")
+
+
 def seed_overrides(seed: int) -> list[str]:
-    """The overrides of training seed ``seed``: verl's dataloader shuffle (``data.seed``) and the base of every
-    rollout request's seed (``actor_rollout_ref.rollout.seed``, :func:`capo_verl.compat.vllm_cpu.request_seed`)."""
-    return [f"++data.seed={seed}", f"++actor_rollout_ref.rollout.seed={seed}"]
+    """The overrides of training seed ``seed``: every key of :data:`SEED_KEYS` set to ``seed``."""
+    return [f"++{key}={seed}" for key in SEED_KEYS]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,23 +193,7 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
     if repeated:
         raise UsageError(f"--methods lists {', '.join(repeated)} more than once")
     config_dir = find_config_dir(args.config, args.config_dir)
-    overrides = list(args.overrides) + list(extra_overrides)
-    if args.steps is not None:
-        overrides.append(f"++trainer.total_training_steps={args.steps}")
-    data_dir, default_model = None, False
-    if args.config == DEFAULT_CONFIG:
-        from capo_verl.models import SMOLLM2_NAME, cache_dir
-
-        default_dir = "compare" if args.val_questions == MIN_VAL_QUESTIONS else f"compare_val{args.val_questions}"
-        data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / default_dir).expanduser().resolve()
-        defaults = [
-            f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
-            f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
-        ]
-        if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
-            defaults.append(f"actor_rollout_ref.model.path={cache_dir() / SMOLLM2_NAME}")
-            default_model = True
-        overrides = defaults + overrides
+    overrides, data_dir, default_model = _overrides(args, extra_overrides)
 
     base = checked_config("the shared config", args.config, config_dir, overrides, validate=False)
     settings = {"config": args.config, "overrides": overrides, "composed": as_record(base)}
@@ -237,6 +227,62 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
     )
 
 
+def _overrides(args: argparse.Namespace, extra_overrides: list[str] = ()) -> tuple[list[str], Path | None, bool]:
+    """The Hydra overrides every method shares (the default config's data and model paths first, then the
+    command line's, ``extra_overrides``, and ``--steps``), the default config's data folder (None for another
+    config) and whether the model is the default SmolLM2 checkpoint."""
+    overrides = list(args.overrides) + list(extra_overrides)
+    if args.steps is not None:
+        overrides.append(f"++trainer.total_training_steps={args.steps}")
+    data_dir, default_model = None, False
+    if args.config == DEFAULT_CONFIG:
+        from capo_verl.models import SMOLLM2_NAME, cache_dir
+
+        default_dir = "compare" if args.val_questions == MIN_VAL_QUESTIONS else f"compare_val{args.val_questions}"
+        data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / default_dir).expanduser().resolve()
+        defaults = [
+            f"data.train_files={data_dir / 'gsm8k_calc_train.parquet'}",
+            f"data.val_files={data_dir / 'gsm8k_calc_val.parquet'}",
+        ]
+        if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
+            defaults.append(f"actor_rollout_ref.model.path={cache_dir() / SMOLLM2_NAME}")
+            default_model = True
+        overrides = defaults + overrides
+    return overrides, data_dir, default_model
+
+
+def seed_plan(plan: Plan, args: argparse.Namespace, seed: int) -> Plan:
+    """The plan of training seed ``seed``, from ``plan = make_plan(args)``: the same as
+    ``make_plan(args, seed_overrides(seed))`` without composing and checking every method's config again (the keys
+    of :data:`SEED_KEYS` enter none of the checks).
+
+    Returns:
+        a new Plan: the overrides with :func:`seed_overrides` where ``make_plan`` puts them, and every recorded
+        composed config with the keys of :data:`SEED_KEYS` set to ``seed``.
+    """
+    overrides, _, _ = _overrides(args, seed_overrides(seed))
+
+    def seeded(record: dict) -> dict:
+        record = copy.deepcopy(record)
+        for key in SEED_KEYS:
+            *parents, leaf = key.split(".")
+            node = record
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = seed
+        return record
+
+    def settings(recorded: dict) -> dict:
+        return {**recorded, "overrides": overrides, "composed": seeded(recorded["composed"])}
+
+    return dataclasses.replace(
+        plan,
+        overrides=overrides,
+        settings=settings(plan.settings),
+        method_settings={m: settings(s) for m, s in plan.method_settings.items()},
+    )
+
+
 def _check_teacher_forced(cfg, data_dir: Path | None) -> None:
     """Raises: UsageError unless ``--teacher-forced`` can score checkpoints: the default config's data (the pool is
     drawn from its validation set), ``trainer.save_freq`` > 0 and ``hf_model`` among the checkpoint's contents."""
@@ -267,13 +313,12 @@ def main(argv: list[str] | None = None) -> int:
             return _plot_only(out, args)
         # every seed's plan and folder is checked before anything is written or trained
         units = {None: out} if args.seeds is None else {k: out / f"seed{k}" for k in args.seeds}
-        plans = {k: make_plan(args, [] if k is None else seed_overrides(k)) for k in units}
-        plan = next(iter(plans.values()))
+        plan = make_plan(args)  # every method's config composed and checked once; the seeds' plans follow from it
+        plans = {k: plan if k is None else seed_plan(plan, args, k) for k in units}
         evaluated = not args.no_eval and plan.data_dir is not None
         eval_k = args.eval_k if evaluated else None
         if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
-            shared = make_plan(args)
-            prepare_out(out, {**shared.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
+            prepare_out(out, {**plan.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
         for k, folder in units.items():
             reuse = args.reuse_out if k is None else False
             prepare_out(folder, plans[k].settings, plans[k].method_settings, eval_k=eval_k, reuse=reuse)
@@ -289,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seeds": args.seeds,
                 "config": args.config,
                 "config_dir": str(plan.config_dir),
-                "overrides": plan.overrides if args.seeds is None else make_plan(args).overrides,
+                "overrides": plan.overrides,
             },
             indent=2,
         )

@@ -17,7 +17,9 @@ from pathlib import Path
 #: the configs shipped with capo-verl (the base configs ``--config`` names by default)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "compare_smollm2_135m_cpu"
-#: validation at least this many problems x samples (warned about below it)
+#: MIN_VAL_QUESTIONS: the validation problems the default config's data holds (``--val-questions``' default; another
+#: number writes its data to a folder of its own). MIN_VAL_SAMPLES: samples per question (``val_kwargs.n``) below
+#: which ``capo-verl compare`` warns that a per-question AUC gets few answers.
 MIN_VAL_QUESTIONS, MIN_VAL_SAMPLES = 64, 8
 
 

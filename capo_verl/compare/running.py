@@ -4,6 +4,7 @@ final checkpoints."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import RUN_MARKER
 from capo_verl.launch import run_launched
+
+logger = logging.getLogger("capo_verl.compare")
 
 
 def train_env(metrics_path: Path) -> dict[str, str]:
@@ -132,16 +135,16 @@ def run_method(
     run_dir = out / method
     done = run_dir / "done.json"
     if done.exists():
-        print(f"[compare] {method}: finished earlier ({done}), not trained again", flush=True)
+        logger.info("%s: finished earlier (%s), not trained again", method, done)
         return run_dir
     if run_dir.exists():
         if not (run_dir / RUN_MARKER).is_file():
             raise RuntimeError(f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}): not touched")
         if check_method_dir(run_dir, settings, None) == "resume":
             _merge_attempt_metrics(run_dir)
-            print(f"[compare] {method}: resuming from the checkpoint of step {last_checkpoint(run_dir)}", flush=True)
+            logger.info("%s: resuming from the checkpoint of step %s", method, last_checkpoint(run_dir))
         else:
-            print(f"[compare] {method}: an unfinished run without a checkpoint in {run_dir}: deleted, trained again")
+            logger.info("%s: an unfinished run without a checkpoint in %s: deleted, trained again", method, run_dir)
             shutil.rmtree(run_dir)
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
@@ -155,10 +158,11 @@ def run_method(
         # is, verl 0.9.1 trains nothing and skips that validation (tests/test_stop_resume.py); validating the
         # loaded step and returning (val_only) is what is left of the run
         run_cmd = [*cmd, "++trainer.val_only=true", "++trainer.val_before_train=true"]
-        print(f"[compare] {method}: step {start_step} is its last: only its validation is left", flush=True)
+        logger.info("%s: step %s is its last: only its validation is left", method, start_step)
     log_path = run_dir / "train.log"
-    print(f"[compare] {method}: training ({METHODS[method].description}); log {log_path}", flush=True)
+    logger.info("%s: training (%s); log %s", method, METHODS[method].description, log_path)
     t0 = time.time()
+    returncode = None  # stays None when the launch raises (Ctrl-C): recorded as such in the attempt
     try:
         with open(log_path, "a") as log:
             # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
@@ -173,7 +177,7 @@ def run_method(
     finally:
         _merge_attempt_metrics(run_dir)
         wall = time.time() - t0
-        attempt = {"start_step": start_step, "wall_s": round(wall, 3), "returncode": locals().get("returncode")}
+        attempt = {"start_step": start_step, "wall_s": round(wall, 3), "returncode": returncode}
         if run_cmd is not cmd:
             attempt["val_only"] = True
         with open(run_dir / ATTEMPTS, "a") as f:
@@ -194,7 +198,7 @@ def run_method(
         "settings": settings,
     }
     done.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"[compare] {method}: done in {wall / 60:.1f} min", flush=True)
+    logger.info("%s: done in %.1f min", method, wall / 60)
     return run_dir
 
 
@@ -242,7 +246,7 @@ def generate_heldout(run_dir: Path, eval_data: Path, *, k: int, max_new_tokens: 
         "-k", str(k), "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", "0",
         "--dtype", dtype, "--no-progress", "--out", str(target),
     ]  # fmt: skip
-    print(f"[compare] {run_dir.name}: eval generate on {eval_data.name} (k={k})", flush=True)
+    logger.info("%s: eval generate on %s (k=%d)", run_dir.name, eval_data.name, k)
     subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
     (run_dir / "eval_done").write_text(json.dumps({"k": k, "command": shlex.join(cmd)}, indent=1) + "\n")
     return target

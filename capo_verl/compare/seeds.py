@@ -34,14 +34,15 @@ measure is per question; entropy has one value per seed, so its bootstrap resamp
 The two step-0 passes of a seed (every method validates the same base weights with the same rollout seeds) are
 compared as a measure of the engine's pass-to-pass noise (:func:`step0_agreement`).
 
-``seeds_curves.png`` draws every seed's curve (thin) and their mean (bold) per method: sampled validation
-AUC-mean and accuracy, teacher-forced AUC-mean, entropy.
+``seeds_summary.json`` holds the summary; its Markdown, ``seeds_summary.md``, is written by
+:mod:`capo_verl.compare.seeds_markdown`, and ``seeds_curves.png`` (every seed's curve, thin, and their mean, bold, per
+method: sampled validation AUC-mean and accuracy, teacher-forced AUC-mean, entropy) by
+:mod:`capo_verl.compare.seeds_figure`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -186,7 +187,11 @@ def write_seeds_summary(
     summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
     summary["step0_agreement"] = step0_agreement(out, methods, seeds)
     (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    (out / "seeds_summary.md").write_text(_markdown(summary))
+    # the Markdown and the figure are modules of their own that read this one's values
+    from capo_verl.compare.seeds_figure import seeds_curves
+    from capo_verl.compare.seeds_markdown import seeds_markdown
+
+    (out / "seeds_summary.md").write_text(seeds_markdown(summary))
     seeds_curves(out, methods, seeds)
     return summary
 
@@ -437,168 +442,3 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
     if ent is not None:
         out_["entropy"] = block(f"actor/entropy (nats), mean of the last {ENTROPY_LAST_STEPS} steps", {"entropy": ent})
     return out_
-
-
-def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
-    """``<out>/seeds_curves.png``: per method, every seed's curve (thin) and their mean over seeds (bold) of the
-    sampled validation AUC-mean and accuracy, the teacher-forced AUC-mean (when scored) and ``actor/entropy``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tf = teacher_forced_values(out, methods, seeds)
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    panels = {
-        "sampled validation AUC-mean": axes[0, 0],
-        "validation accuracy (mean@k)": axes[0, 1],
-        "teacher-forced AUC-mean (fixed pool)": axes[1, 0],
-        "actor/entropy (nats)": axes[1, 1],
-    }
-    for i, m in enumerate(methods):
-        color = f"C{i}"
-        curves: dict[str, list] = {name: [] for name in panels}
-        for k in seeds:
-            run = out / f"seed{k}" / m
-            passes = validation_passes(run)
-            per_q = [vp.per_question() for vp in passes]
-            steps = [vp.step for vp in passes]
-            curves["sampled validation AUC-mean"].append((steps, [_nanmean(q[1]) for q in per_q]))
-            curves["validation accuracy (mean@k)"].append((steps, [float(np.mean(q[0])) for q in per_q]))
-            if tf is not None:
-                ys = [_nanmean(tf["values"][m][st][seeds.index(k)]) for st in tf["steps"]]
-                curves["teacher-forced AUC-mean (fixed pool)"].append((tf["steps"], ys))
-            curves["actor/entropy (nats)"].append(series(read_metrics(run / "metrics.jsonl"), "actor/entropy"))
-        for name, ax in panels.items():
-            runs = [(xs, ys) for xs, ys in curves[name] if xs]
-            for xs, ys in runs:
-                ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35, marker=_marker(xs), ms=3)
-            if runs and all(xs == runs[0][0] for xs, _ in runs):
-                mean = np.mean([ys for _, ys in runs], axis=0)
-                ax.plot(runs[0][0], mean, color=color, lw=2.2, label=m, marker=_marker(runs[0][0]), ms=5)
-    for name, ax in panels.items():
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{len(seeds)} training seed(s): each seed thin, the mean over seeds bold", fontsize=10)
-    fig.tight_layout()
-    path = out / "seeds_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _marker(xs) -> str | None:
-    """A dot on every measured step where there are few (validation and teacher-forced scoring at a few steps), so
-    that a straight line between two of them is not read as measured in between."""
-    return "o" if len(xs) <= 10 else None
-
-
-def _fmt(x, signed: bool = True) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    return f"{x:+.3f}" if signed else f"{x:.3f}"
-
-
-def _markdown(summary: dict) -> str:
-    seeds, methods = summary["seeds"], summary["methods"]
-    pct = f"{100 * summary['level']:.0f}%"
-    lines = [
-        f"# capo-verl compare across {len(seeds)} training seed(s): {', '.join(map(str, seeds))}",
-        "",
-        f"{summary['n_questions']} validation questions; per-question values paired by seed and question. Intervals: "
-        f"{pct} Student-t over seeds, and {pct} two-level bootstrap (seeds, then questions; {summary['n_boot']} "
-        "resamples).",
-        "",
-    ]
-    lines += [
-        f"## Primary endpoint: validation AUC-mean at the last pass ({pct} t-interval over seeds)",
-        "",
-        "Read as fixed in docs/compare.md before the decisive comparison ran: above 0, below 0, inside the margin "
-        "(no difference as large as the margin), or no decision. The seeds needed are those at which the "
-        "t-interval's half-width reaches the margin, at the spread between seeds measured here.",
-        "",
-        "| difference | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin | "
-        "accuracy clearly lower |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, p in summary.get("primary", {}).items():
-        t = summary["differences"][name]["auc_mean"]["last"]["t_interval"]
-        lines.append(
-            f"| {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | {p['reading']} "
-            f"(margin {p['margin']:g}) | {_fmt(p['half_width'], False)} | {_fmt(p['sd'], False)} | "
-            f"{p['seeds_needed'] if p['seeds_needed'] is not None else 'n/a'} | "
-            f"{'yes' if p['accuracy_lower'] else 'no'} |"
-        )
-    lines.append("")
-    for measure, (label, _) in MEASURES.items():
-        lines += [f"## {label}", "", "| seed | " + " | ".join(f"{m}: first -> last" for m in methods) + " |"]
-        lines.append("|---|" + "---|" * len(methods))
-        for i, k in enumerate(seeds):
-            cells = []
-            for m in methods:
-                per = summary["per_seed"][m][measure]
-                cells.append(f"{_fmt(per['first'][i], False)} -> {_fmt(per['last'][i], False)}")
-            lines.append(f"| {k} | " + " | ".join(cells) + " |")
-        lines += [
-            "",
-            "| difference | mean over seeds | t-interval | bootstrap interval | per seed |",
-            "|---|---|---|---|---|",
-        ]
-        for name, entry in summary["differences"].items():
-            for what, text in (("last", "at the last pass"), ("change", "change from the first pass")):
-                e = entry[measure][what]
-                if "undefined" in e:
-                    lines.append(f"| {name}, {text} | n/a: {e['undefined']} | | | |")
-                    continue
-                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
-                lines.append(
-                    f"| {name}, {text} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | "
-                    f"[{_fmt(hb['low'])}, {_fmt(hb['high'])}] | {', '.join(_fmt(v) for v in e['per_seed'])} |"
-                )
-        lines.append("")
-    agreement = summary.get("step0_agreement")
-    if agreement:
-        lines += [
-            "## Two step-0 validation passes of the same weights",
-            "",
-            "Every method of a seed validates the base model at step 0 with the same rollout seeds: the passes differ "
-            "only by the engine's numerics. Identical: the share of responses the first method's pass also produced "
-            "for the same question.",
-            "",
-            "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
-            "|---|---|---|---|---|",
-        ]
-        per = summary["per_seed"]  # the first pass is the step-0 pass these files hold
-        for m in methods[1:]:
-            name = f"{m} - {methods[0]}"
-            for i, k in enumerate(seeds):
-                fractions = agreement[name]
-                auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
-                lines.append(f"| {name} | {k} | {100 * fractions[i]:.1f}% | {', '.join(auc)} | {', '.join(acc)} |")
-        lines.append("")
-    for block in summary.get("secondary", {}).values():
-        lines += [f"## {block['label']}", ""]
-        if "step0" in block:
-            lines += [f"Step 0 (the base model, shared by every run): {_fmt(block['step0'], False)}.", ""]
-        lines += [
-            "| | " + " | ".join(f"{m}: mean over seeds" for m in methods) + " | difference | mean | t-interval | "
-            "bootstrap interval | per seed |",
-            "|---|" + "---|" * (len(methods) + 5),
-        ]
-        for row, entry in block["rows"].items():
-            means = [_fmt(float(np.mean(entry["per_seed"][m])), False) for m in methods]
-            for name, e in entry["differences"].items():
-                if "undefined" in e:
-                    lines.append(f"| {row} | {' | '.join(means)} | {name} | n/a: {e['undefined']} | | | |")
-                    continue
-                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
-                lines.append(
-                    f"| {row} | {' | '.join(means)} | {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, "
-                    f"{_fmt(t['high'])}] | [{_fmt(hb['low'])}, {_fmt(hb['high'])}] | "
-                    f"{', '.join(_fmt(v) for v in e['per_seed'])} |"
-                )
-        lines.append("")
-    return "\n".join(lines)

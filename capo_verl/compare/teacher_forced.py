@@ -18,10 +18,13 @@ is skipped when its output exists, so a stopped comparison goes on where it stop
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+logger = logging.getLogger("capo_verl.compare")
 
 #: folder of the pool and the base model's scores, at the top of ``--out`` (shared by every seed and method)
 POOL_DIR = "teacher_forced"
@@ -33,7 +36,7 @@ SCORE_DTYPE = "float32"
 
 def _eval(*args: str) -> None:
     cmd = [sys.executable, "-m", "capo_verl.cli", "eval", *args]
-    print(f"[compare] {shlex.join(cmd[2:])}", flush=True)
+    logger.info("%s", shlex.join(cmd[2:]))
     subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
 
 
@@ -110,7 +113,7 @@ def score_run(run_dir: Path, pool_dir: Path, val_data: Path, *, tokenizer: Path)
     """
     marker = run_dir / POOL_DIR / SCORED
     if marker.exists():
-        print(f"[compare] {run_dir.name}: teacher-forced scores complete ({marker}), not scored again", flush=True)
+        logger.info("%s: teacher-forced scores complete (%s), not scored again", run_dir.name, marker)
         return
     models = checkpoints_with_hf(run_dir)
     if not models and (run_dir / "done.json").exists() and not (run_dir / "ckpt").exists():

@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from capo_verl import precision
+
 from . import after_import
 
 logger = logging.getLogger("capo_verl.compat.cpu")
@@ -70,7 +72,7 @@ def torch_accelerator() -> str | None:
 
     Asks ``torch.cuda.is_available()``, then ``torch.accelerator.current_accelerator()`` (torch >= 2.6), then
     ``torch.xpu`` and ``torch.npu`` (the latter exists once ``torch_npu`` is imported) where present. A check that
-    raises counts as "not available" for that API only.
+    raises counts as "not available" for that API only, with a warning that names the check and the error.
     """
     checks = [("cuda", lambda: torch.cuda.is_available())]
     accelerator = getattr(torch, "accelerator", None)
@@ -91,7 +93,14 @@ def torch_accelerator() -> str | None:
                 if name == "accelerator":
                     return accelerator.current_accelerator().type
                 return name
-        except Exception:
+        except Exception as exc:  # noqa: BLE001  any failure of a probe: logged, that API counts as unavailable
+            logger.warning(
+                "accelerator check torch.%s raised %s: %s; counted as no accelerator of that kind (a broken driver "
+                "or torch build?)",
+                "accelerator.current_accelerator()" if name == "accelerator" else f"{name}.is_available()",
+                type(exc).__name__,
+                exc,
+            )
             continue
     return None
 
@@ -362,7 +371,9 @@ def _patch_replay_buffer(module: types.ModuleType) -> None:
 
 
 def install() -> None:
-    """Register the ``cpu`` platform and the CPU-only patches (pass-through on accelerators)."""
+    """Register the ``cpu`` platform, the CPU-only patches (pass-through on accelerators) and the
+    ``capo_cpu_dtype`` config resolver of ``configs/cpu_base.yaml`` (:mod:`capo_verl.precision`)."""
+    precision.register_resolver()
     _register_platform()
     after_import("verl.utils.distributed", _patch_distributed)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_fsdp_engine)

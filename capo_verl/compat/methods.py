@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from capo_verl import precision
 from capo_verl import reward as capo_reward
 from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
 from capo_verl.estimators.cde import CdeConfig, compute_cde_outcome_advantage
@@ -311,7 +312,9 @@ def check_method_configs(config) -> None:
 
 
 def _patch_validate_config(config_utils) -> None:
-    """verl/utils/config.py: ``validate_config`` runs :func:`check_method_configs` before verl's own checks."""
+    """verl/utils/config.py: ``validate_config`` first resolves the CPU compute dtype in place
+    (:func:`capo_verl.precision.resolve_in_place`: once, in the process that starts the run, with one log line),
+    then runs :func:`check_method_configs`, then verl's own checks."""
     original = config_utils.validate_config
     if getattr(original, "__capo_verl__", False):
         return
@@ -319,6 +322,7 @@ def _patch_validate_config(config_utils) -> None:
 
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
+        precision.resolve_in_place(config)
         check_method_configs(config)
         return original(config, use_reference_policy, use_critic)
 

@@ -5,7 +5,7 @@ vLLM's processes are killed at the end of a Ray run (or when a run is stopped) b
 weight sync leaves verl's ``verl_weights_*`` bucket (``verl/workers/rollout/vllm_rollout/bucketed_weight_transfer.py``).
 Both are Python ``multiprocessing.shared_memory.SharedMemory`` segments; ``psm_*`` is also Python's default name for
 any other program's segment, so nothing here removes a segment by its name pattern or its age. vLLM's CPU worker also
-leaves a POSIX semaphore of joblib's loky (``sem.loky-*``).
+leaves a POSIX semaphore of joblib's loky, ``sem.loky-<pid>-<random>``, named by the process that made it.
 
 How a run knows its own segments:
 
@@ -16,10 +16,13 @@ How a run knows its own segments:
   workers, vLLM's engine and worker processes.
 - In every process that carries :data:`RUN_ENV` and loads capo-verl (``import verl``: verl's plugin entry point;
   vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point, before vLLM creates its ring buffers),
-  each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its ``/dev/shm`` path to the ledger
-  (:func:`record_created`).
-- When the run ends, the owner removes the ledger's segments that still exist (:func:`cleanup_run`). A segment that
-  another program made is never in the ledger, whatever its name, age or mapping.
+  each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its ``/dev/shm`` path to the ledger, and the
+  process appends its own pid (:func:`record_created`). The launcher adds the pids of the run's processes it sees
+  (:mod:`capo_verl.launch`), also of those that never load capo-verl.
+- When the run ends, the owner removes the ledger's segments that still exist, and the loky semaphores named by a pid
+  of the run that no live process maps (:func:`cleanup_run`): a loky semaphore made before capo-verl loaded in its
+  process (so not recorded by path) is still the run's. A segment that another program made is never in the ledger,
+  whatever its name, age or mapping, and its pid is not one of the run's.
 
 Installed on every host by :func:`capo_verl.compat.install` (``import verl``), and in vLLM's processes by the
 ``vllm.general_plugins`` entry point :func:`record_created` (pyproject.toml).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import glob
 import logging
 import os
 import secrets
@@ -44,6 +48,12 @@ logger = logging.getLogger("capo_verl.compat.shm")
 RUN_ENV = "CAPO_VERL_RUN"
 
 SHM_DIR = "/dev/shm"
+
+#: a ledger line naming a process of the run (the other lines are segment paths)
+PID_PREFIX = "pid:"
+
+#: joblib's loky names a semaphore ``/loky-<pid of its maker>-<random>``; POSIX puts it in ``/dev/shm/sem.<name>``
+LOKY_SEMAPHORE = "sem.loky-{pid}-*"
 
 _recording = False
 
@@ -74,24 +84,74 @@ def record(path: str, ledger: str | None = None) -> None:
         os.close(fd)
 
 
-def recorded(ledger: str) -> list[str]:
-    """The paths recorded in ``ledger``, once each, in order (empty when it does not exist)."""
+def _lines(ledger: str) -> list[str]:
     try:
         with open(ledger) as f:
-            lines = f.read().splitlines()
+            return f.read().splitlines()
     except FileNotFoundError:
         return []
-    return list(dict.fromkeys(line for line in lines if line))
 
 
-def cleanup_run(ledger: str, remove_ledger: bool = True) -> list[str]:
-    """Unlink the ``/dev/shm`` segments recorded in ``ledger`` that still exist and this user owns; returns them.
+def recorded(ledger: str) -> list[str]:
+    """The paths recorded in ``ledger``, once each, in order (empty when it does not exist)."""
+    return list(dict.fromkeys(line for line in _lines(ledger) if line and not line.startswith(PID_PREFIX)))
+
+
+def record_pid(pid: int | None = None, ledger: str | None = None) -> None:
+    """Record ``pid`` (default: this process) as a process of the run (:func:`record`'s ``ledger``)."""
+    record(f"{PID_PREFIX}{os.getpid() if pid is None else int(pid)}", ledger)
+
+
+def recorded_pids(ledger: str) -> list[int]:
+    """The pids recorded in ``ledger`` (:func:`record_pid`), once each, in order."""
+    pids = (line[len(PID_PREFIX) :] for line in _lines(ledger) if line.startswith(PID_PREFIX))
+    return list(dict.fromkeys(int(p) for p in pids if p.isdigit()))
+
+
+def _mapped_inodes() -> set[int]:
+    """Inodes of the ``/dev/shm`` files that live processes map (those of other users cannot be read: not counted).
+    By inode: glibc maps a named semaphore under a temporary name, then links it to its real one."""
+    inodes = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                inodes.update(int(line.split()[4]) for line in f if f" {SHM_DIR}/" in line)
+        except (OSError, ValueError, IndexError):  # ended, or not ours to read
+            continue
+    return inodes
+
+
+def loky_semaphores(pids) -> list[str]:
+    """The ``/dev/shm/sem.loky-<pid>-*`` files of ``pids`` that this user owns and no live process maps."""
+    paths = sorted({p for pid in pids for p in glob.glob(os.path.join(SHM_DIR, LOKY_SEMAPHORE.format(pid=int(pid))))})
+    if not paths:
+        return []
+    mapped = _mapped_inodes()
+    kept = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid == os.getuid() and st.st_ino not in mapped:
+            kept.append(path)
+    return kept
+
+
+def cleanup_run(ledger: str, remove_ledger: bool = True, pids=()) -> list[str]:
+    """Unlink the ``/dev/shm`` segments recorded in ``ledger`` that still exist and this user owns, and the loky
+    semaphores (:func:`loky_semaphores`) of the pids recorded in it or given in ``pids``; returns them.
 
     A segment still mapped by a process keeps its memory until that process unmaps it (POSIX ``shm_unlink``), so
-    this is safe to call while the run's last processes are exiting. ``remove_ledger``: delete the ledger file too.
+    this is safe to call while the run's last processes are exiting (a loky semaphore still mapped is left: its
+    process is alive). ``remove_ledger``: delete the ledger file too.
     """
     removed = []
-    for path in recorded(ledger):
+    paths = recorded(ledger)
+    paths += [p for p in loky_semaphores([*recorded_pids(ledger), *pids]) if p not in paths]
+    for path in paths:
         if os.path.dirname(path) != SHM_DIR:  # only what record_created() writes
             continue
         try:
@@ -108,8 +168,8 @@ def cleanup_run(ledger: str, remove_ledger: bool = True) -> list[str]:
 
 
 def record_created() -> None:
-    """In this process: every ``SharedMemory(create=True)`` records its path in the run's ledger (idempotent;
-    no-op outside a run, i.e. without :data:`RUN_ENV`)."""
+    """In this process: every ``SharedMemory(create=True)`` and loky ``SemLock`` records its path in the run's
+    ledger, and the process its pid (idempotent; no-op outside a run, i.e. without :data:`RUN_ENV`)."""
     global _recording
     if _recording or not os.environ.get(RUN_ENV):
         return
@@ -125,6 +185,7 @@ def record_created() -> None:
 
     shared_memory.SharedMemory.__init__ = __init__
     after_import("joblib.externals.loky.backend.synchronize", _record_loky_semaphores)
+    record_pid()  # its loky semaphores made before this point are still found by their name
     _recording = True
 
 

@@ -381,8 +381,8 @@ def _bound_weight_sync(transfer: ModuleType) -> None:
 def set_cpu_environment(environ: dict | None = None) -> dict[str, str]:
     """Defaults for vLLM's CPU engine in ``environ`` (``os.environ``), inherited by Ray and vLLM processes.
 
-    - ``VLLM_CPU_OMP_THREADS_BIND``: ``0-<n-1>`` over this process's usable cores. vLLM's automatic binding leaves
-      one of two cores idle on a 2-core host (1.7x slower decoding measured).
+    - ``VLLM_CPU_OMP_THREADS_BIND``: this process's usable cores, listed with commas (``0,1`` on 2 cores). vLLM's
+      automatic binding leaves one of two cores idle on a 2-core host (1.7x slower decoding measured).
     - ``VLLM_CPU_KVCACHE_SPACE``: :data:`DEFAULT_KVCACHE_GIB` GiB instead of 4 (enough for the CPU profile's
       batches; vLLM allocates it whole at start).
     - ``VLLM_CACHE_ROOT``: under ``$CAPO_VERL_CACHE`` (default ``~/.cache/capo-verl``) instead of ``~/.cache/vllm``.

