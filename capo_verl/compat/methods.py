@@ -11,7 +11,7 @@
    - ``algorithm.capo.*`` (read by ``capo`` and ``grpo_mask``), ``algorithm.codapo.*``, ``algorithm.cde.*``: parsed
      by :class:`~capo_verl.estimators.CapoConfig`, :class:`~capo_verl.estimators.CodapoConfig`,
      :class:`~capo_verl.estimators.CdeConfig` whenever the section is present or the selected estimator reads it
-     (unknown keys, wrong types, out-of-range values, CoDaPO's unimplemented resampling keys);
+     (unknown keys, wrong types, out-of-range values, CoDaPO's resampling keys (``compat/codapo_sampling.py``));
    - ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
      step to the advantage step, so the schedule would fail at the first update (after rollouts);
    - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
