@@ -47,10 +47,7 @@ def variant_overrides(name: str, responses: int) -> list[str]:
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={responses}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={responses}",
     ]
-    fp32 = [
-        f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}"
-        for role in ("actor", "ref")
-    ]
+    fp32 = [f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.param_dtype=fp32" for role in ("actor", "ref")]
     return {
         "base": [],
         "micro": micro,

@@ -73,7 +73,15 @@ def own_ray_tmpdir(environ=os.environ) -> str | None:
     base = environ.get("TMPDIR") or "/tmp"
     if len(os.path.join(base, RAY_DIR_PREFIX + "X" * 8, _RAY_SOCKET_TAIL)) > 107:  # a Unix socket path's limit
         base = "/tmp"
-    return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=base)
+    try:
+        return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir=base)
+    except OSError as e:  # TMPDIR missing or read-only: Ray itself would fail there too
+        if base == "/tmp":
+            raise
+        print(
+            f"capo-verl launch: cannot create the run's Ray folder in TMPDIR={base} ({e}); using /tmp", file=sys.stderr
+        )
+        return tempfile.mkdtemp(prefix=RAY_DIR_PREFIX, dir="/tmp")
 
 
 #: seconds between two looks at the run's processes (their pids name the loky semaphores they may leave)

@@ -24,8 +24,8 @@ Both are computed and written; ``--rule`` picks the one printed as Hydra overrid
    under an older reward is graded by the current one.
 3. Scores each response's reference perplexity PPL_ref = exp(-mean token log-prob) with the reference model by
    teacher forcing in float32 (:func:`capo_verl.evaluation.teacher_forced.score_pool`). In training, verl computes
-   the same quantity from ``ref_log_prob`` in the actor's precision (bf16 on the CPU configs): values agree to about
-   1% of PPL there, well inside the intervals below.
+   the same quantity from ``ref_log_prob`` in the actor's precision (bf16 or float32 on the CPU configs, by the
+   CPU): values agree to about 1% of PPL in bf16, well inside the intervals below.
 4. Writes the quartiles, 95% bootstrap intervals (questions resampled with replacement, as the responses of one
    question are not independent), the masked fractions at the chosen values, and the overrides to paste, to
    ``--out`` (JSON), and prints them.

@@ -194,7 +194,9 @@ def normalize_answer(answer: str) -> str:
 _PLAIN_NUMBER_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$")
 _UNIT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\s*=\s*")
-_TRAILING_WORDS_RE = re.compile(r"(?<=[\d.])\s*[A-Za-z][A-Za-z .]*$")
+#: units after a number: a word of two letters or more (not ``pi``); a single letter (``5n``, ``17e``, ``2 i``) is
+#: algebra, not a unit
+_TRAILING_WORDS_RE = re.compile(r"(?<=[\d.])\s*(?!pi\b)[A-Za-z]{2,}[A-Za-z .]*$")
 
 
 _MATRIX_RE = re.compile(r"^\\begin\{([pb]matrix)\}(.*)\\end\{\1\}$", re.DOTALL)

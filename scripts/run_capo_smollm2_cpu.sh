@@ -45,10 +45,8 @@ examples (docs/cpu.md):
   bash ${script} trainer.total_training_steps=2     # any Hydra override passes through
   bash ${script} trainer.total_training_steps=20 trainer.save_freq=2                         # Ctrl-C part way
   bash ${script} trainer.total_training_steps=20 trainer.save_freq=2 trainer.resume_mode=auto  # resume
-  bash ${script} actor_rollout_ref.rollout.dtype=float32 \\
-    '+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}' \\
-    '+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
-                                                    # a CPU without bf16 instructions
+  CAPO_VERL_CPU_DTYPE=float32 bash ${script}       # float32 in every pass (chosen by itself on a CPU
+                                                    # without bf16 instructions)
   bash scripts/run_grpo_smollm2_cpu.sh              # the GRPO twin (CONFIG_NAME=grpo_smollm2_135m_cpu)
 
 Stopping: Ctrl-C or SIGTERM stops every process of the run within ~30 s (a second Ctrl-C at once), keeps the

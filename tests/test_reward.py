@@ -264,6 +264,11 @@ def test_reward_procs_default_and_value():
         ("\\boxed{12 + 5 \\text{ apples}}", "17"),
         ("\\boxed{\\$ 5 \\cdot 3}", "15"),
         ("\\boxed{-(3)}", "-3"),
+        ("\\boxed{5n}", "5"),  # a single letter after a number is algebra, not a unit
+        ("\\boxed{3 \\pi}", "3"),
+        ("\\boxed{3 pi}", "3"),
+        ("\\boxed{17e}", "17"),
+        ("\\boxed{2 i}", "2"),
     ],
 )
 def test_echoed_expression_scores_zero(response, gold):

@@ -228,6 +228,12 @@ def test_the_training_set_must_hold_the_batch_and_the_steps(main_job, tmp_path):
     ), message
     assert fixes(message) == ["trainer.total_epochs=3"]
     check(main_job, data, "trainer.total_training_steps=6", "trainer.total_epochs=3")
+    # CoDaSampling trains each loader batch twice (a prepare and an apply step): 4 steps an epoch
+    codapo = ["algorithm.adv_estimator=codapo", "+algorithm.codapo.resample=true", "+algorithm.codapo.repeat_count=4"]
+    check(main_job, data, *codapo, "trainer.total_training_steps=4")
+    message = refusal(main_job, data, *codapo, "trainer.total_training_steps=6")
+    assert "give at most 4 steps (10 rows, at most 4 steps with data.train_batch_size=4 per epoch)" in message, message
+    assert fixes(message) == ["trainer.total_epochs=2"]
 
 
 def test_data_files_are_checked_in_the_trainers_process_and_the_dry_run_only(main_job):

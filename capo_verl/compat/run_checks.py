@@ -272,11 +272,15 @@ def _check_training_set(config) -> None:
     if _int_or_none(steps) is None or epochs is None:
         return
     per_epoch = rows // batch
+    from .codapo_sampling import resample_config  # here: codapo_sampling imports the compat package
+
+    if resample_config(config) is not None:  # CoDaSampling trains each loader batch twice (prepare, apply)
+        per_epoch *= 2
     if steps > per_epoch * epochs:
         need = -(-steps // per_epoch)
         raise ValueError(
             f"trainer.total_training_steps={steps}: trainer.total_epochs={epochs} epoch(s) of data.train_files "
-            f"give at most {per_epoch * epochs} steps ({rows} rows, at most {per_epoch} batches of "
+            f"give at most {per_epoch * epochs} steps ({rows} rows, at most {per_epoch} steps with "
             f"data.train_batch_size={batch} per epoch), and verl would stop there without a word; set "
             f"{override(config, 'trainer.total_epochs', need)}"
         )
