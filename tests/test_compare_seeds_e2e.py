@@ -95,6 +95,7 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
         shutil.rmtree(run)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert again.returncode == 0, (again.stdout[-3000:], again.stderr[-3000:])
-    assert again.stdout.count("not trained again") == 4 and again.stdout.count("not scored again") == 4
+    # compare's progress goes to the capo_verl logger (stderr); its products (the summaries) to stdout
+    assert again.stderr.count("not trained again") == 4 and again.stderr.count("not scored again") == 4
     diffs = [json.dumps(s["differences"], sort_keys=True) for s in (summary, json.loads(summary_file.read_text()))]
     assert diffs[0] == diffs[1]  # the same summary (compared as text: an undefined value is NaN)
