@@ -680,3 +680,61 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     assert "## teacher-forced AUC-mean (fixed base-model pool, 2 questions)" in md
     assert "| step 10 | 0.500 | 0.875 | capo - grpo | +0.375 |" in md
     assert (tmp_path / "seeds_curves.png").stat().st_size > 10_000
+
+    # the co-primary endpoints: both methods rank question a perfectly at every pass (AUC-mean difference 0 in both
+    # seeds: the interval [0, 0] lies inside 0.03), the same accuracy (inside 0.05), entropy 2 - 5 = -3 nats in both
+    # seeds (below 0); calibration with no difference as large as its margin contradicts the claim
+    co = summary["co_primary"]["capo - grpo"]
+    assert {k: r["words"] for k, r in co["endpoints"].items()} == {
+        "calibration": "no difference as large as 0.03",
+        "stability": "capo lower entropy",
+        "accuracy": "no difference as large as 0.05",
+    }
+    assert co["endpoints"]["stability"]["mean"] == pytest.approx(-3.0)
+    assert co["verdict"] == {"verdict": "contradicts", "because": ["calibration reads no difference as large as 0.03"]}
+    assert "| capo - grpo | actor/entropy, mean of the last 5 logged steps (nats) | -3.000 | [-3.000, -3.000] | " in md
+    assert "**Verdict, capo - grpo: contradicts** (calibration reads no difference as large as 0.03)." in md
+
+
+def _interval(low: float, high: float, sd: float = 0.03) -> dict:
+    return {"mean": (low + high) / 2, "low": low, "high": high, "sd": sd}
+
+
+def test_co_primary_readings_and_the_verdict_rule_by_hand():
+    """docs/results/pilot2.md: each endpoint read against its own margin (0.03, 0.1 nats, 0.05); the verdict
+    supports the claim only with calibration better, accuracy not lower and entropy not higher, contradicts it with
+    calibration worse or inside its margin or accuracy clearly lower (interval below -0.05), else no decision."""
+    from capo_verl.compare.verdict import ENDPOINTS, NOT_MEASURED, read_endpoint, verdict
+
+    cal, ent, acc = ENDPOINTS
+
+    def read(c, e, a) -> str:
+        readings = {
+            "calibration": read_endpoint(c, cal, m="capo", base="grpo"),
+            "stability": read_endpoint(e, ent, m="capo", base="grpo"),
+            "accuracy": read_endpoint(a, acc, m="capo", base="grpo"),
+        }
+        return verdict(readings)["verdict"]
+
+    better, undecided = _interval(0.01, 0.08), _interval(-0.02, 0.05)
+    assert read(better, _interval(-0.05, 0.08), _interval(-0.07, 0.02)) == "supports"  # accuracy: no decision
+    assert read(better, _interval(-0.3, -0.2), _interval(0.01, 0.02)) == "supports"  # lower entropy, more accurate
+    assert read(better, _interval(0.01, 0.2), undecided) == "no decision"  # higher entropy
+    assert read(better, None, undecided) == "no decision"  # entropy not measured
+    assert read(better, _interval(-0.05, 0.05), _interval(-0.04, -0.01)) == "no decision"  # less accurate, not clearly
+    assert read(better, _interval(-0.05, 0.05), _interval(-0.09, -0.051)) == "contradicts"  # clearly less accurate
+    assert read(_interval(-0.03, 0.03), _interval(-0.05, 0.05), undecided) == "contradicts"  # inside 0.03
+    assert read(_interval(-0.2, -0.01), _interval(-0.05, 0.05), undecided) == "contradicts"  # grpo better
+    assert read(undecided, _interval(-0.05, 0.05), undecided) == "no decision"
+
+    r = read_endpoint(_interval(-0.02, 0.05, sd=0.03), cal, m="capo", base="grpo")
+    # half-width 0.035; n = 7 is the first with t_{0.975, n-1} * 0.03 / sqrt(n) <= 0.03 (2.446912 / sqrt(7) = 0.925)
+    assert r["words"] == "no decision" and r["half_width"] == pytest.approx(0.035) and r["seeds_needed"] == 7
+    # the entropy margin 0.1 nats: [-0.1, 0.1] is inside it; sd 0.1 needs the same 7 seeds
+    r = read_endpoint(_interval(-0.1, 0.1, sd=0.1), ent, m="capo", base="grpo")
+    assert (r["words"], r["seeds_needed"]) == ("no difference as large as 0.1 nats", 7)
+    assert read_endpoint(_interval(-0.2, -0.06), acc, m="capo", base="grpo")["words"] == "capo less accurate"
+    assert read_endpoint(_interval(-0.2, -0.06), cal, m="capo", base="grpo")["words"] == "grpo better calibrated"
+    one_seed = {"mean": 0.1, "low": float("nan"), "high": float("nan"), "sd": float("nan")}
+    assert read_endpoint(one_seed, cal, m="capo", base="grpo")["seeds_needed"] is None
+    assert read_endpoint(None, ent, m="capo", base="grpo")["reading"] == NOT_MEASURED

@@ -34,6 +34,9 @@ measure is per question; entropy has one value per seed, so its bootstrap resamp
 The two step-0 passes of a seed (every method validates the same base weights with the same rollout seeds) are
 compared as a measure of the engine's pass-to-pass noise (:func:`step0_agreement`).
 
+The co-primary endpoints (calibration, stability, accuracy) with their margins and the verdict rule that pilot 2
+fixed before its units are read by :mod:`capo_verl.compare.verdict` into ``summary["co_primary"]``.
+
 ``seeds_summary.json`` holds the summary; its Markdown, ``seeds_summary.md``, is written by
 :mod:`capo_verl.compare.seeds_markdown`, and ``seeds_curves.png`` (every seed's curve, thin, and their mean, bold, per
 method: sampled validation AUC-mean and accuracy, teacher-forced AUC-mean, entropy) by
@@ -186,6 +189,9 @@ def write_seeds_summary(
     summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
     summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
     summary["step0_agreement"] = step0_agreement(out, methods, seeds)
+    from capo_verl.compare.verdict import co_primary  # it reads this summary's differences and entropy block
+
+    summary["co_primary"] = co_primary(summary)
     (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
     # the Markdown and the figure are modules of their own that read this one's values
     from capo_verl.compare.seeds_figure import seeds_curves

@@ -48,6 +48,7 @@ def seeds_markdown(summary: dict) -> str:
             f"{'yes' if p['accuracy_lower'] else 'no'} |"
         )
     lines.append("")
+    lines += _co_primary_lines(summary, pct)
     for measure, (label, _) in MEASURES.items():
         lines += [f"## {label}", "", "| seed | " + " | ".join(f"{m}: first -> last" for m in methods) + " |"]
         lines.append("|---|" + "---|" * len(methods))
@@ -117,3 +118,40 @@ def seeds_markdown(summary: dict) -> str:
                 )
         lines.append("")
     return "\n".join(lines)
+
+
+def _co_primary_lines(summary: dict, pct: str) -> list[str]:
+    """The co-primary endpoints and the verdict (:mod:`capo_verl.compare.verdict`)."""
+    from capo_verl.compare.verdict import ENDPOINTS
+
+    if not summary.get("co_primary"):
+        return []
+    labels = {e.key: e.label for e in ENDPOINTS}
+    lines = [
+        f"## Co-primary endpoints and verdict ({pct} t-interval over seeds)",
+        "",
+        "The endpoints, margins and verdict rule of docs/results/pilot2.md: the verdict *supports* the paper's claim "
+        "when calibration reads better for the method, its accuracy is not lower and its entropy not higher; it "
+        "*contradicts* it when calibration reads worse or no difference as large as the margin, or the accuracy "
+        "interval lies below minus its margin.",
+        "",
+        "| difference | endpoint | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in summary["co_primary"].items():
+        for key, r in entry["endpoints"].items():
+            if "mean" not in r:
+                lines.append(f"| {name} | {labels[key]} | n/a | | {r['words']} | | | |")
+                continue
+            needed = r["seeds_needed"] if r["seeds_needed"] is not None else "n/a"
+            lines.append(
+                f"| {name} | {labels[key]} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
+                f"{r['words']} (margin {r['margin']:g}) | {_fmt(r['half_width'], False)} | {_fmt(r['sd'], False)} | "
+                f"{needed} |"
+            )
+    lines.append("")
+    for name, entry in summary["co_primary"].items():
+        v = entry["verdict"]
+        lines.append(f"**Verdict, {name}: {v['verdict']}** ({'; '.join(v['because'])}).")
+    lines.append("")
+    return lines
