@@ -150,6 +150,15 @@ def test_labels(tmp_path):
         S.parse_labelled([str(good), f"good={good}"])
     with pytest.raises(ValueError, match="bad generation file spec"):
         S.parse_labelled(["=x.jsonl"])
+    # `eval teacher-forced --model`: a bare PATH is its own label
+    assert S.parse_labelled(["ckpt/a", "b=ckpt/b"], what="--model", default_label=str) == {
+        "ckpt/a": "ckpt/a",
+        "b": "ckpt/b",
+    }
+    with pytest.raises(ValueError, match="--model: label 'ckpt/a' is given twice"):
+        S.parse_labelled(["ckpt/a", "ckpt/a"], what="--model", default_label=str)
+    with pytest.raises(ValueError, match="bad --model spec 'b='"):
+        S.parse_labelled(["b="], what="--model", default_label=str)
 
 
 # ------------------------------------------------------------------------------------------- input checks

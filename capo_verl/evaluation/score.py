@@ -21,7 +21,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,22 +40,31 @@ def pass_k_values(k: int) -> list[int]:
     return [2**j for j in range(k.bit_length()) if 2**j < k] + ([k] if k >= 1 else [])
 
 
-def parse_labelled(specs: Sequence[str]) -> dict[str, str]:
-    """``["grpo=a.jsonl", "b.jsonl"]`` -> ``{"grpo": "a.jsonl", "b": "b.jsonl"}`` (label = file stem when absent).
+def _jsonl_stem(path: str) -> str:
+    return Path(path).name.removesuffix(".jsonl")
+
+
+def parse_labelled(
+    specs: Sequence[str], *, what: str = "generation file", default_label: Callable[[str], str] | None = None
+) -> dict[str, str]:
+    """``["grpo=a.jsonl", "b.jsonl"]`` -> ``{"grpo": "a.jsonl", "b": "b.jsonl"}``: ``LABEL=PATH`` or ``PATH`` (an
+    existing path that contains ``=`` is a path). The label of a bare ``PATH`` is ``default_label(PATH)``, by default
+    the file name without ``.jsonl``. ``what`` names the argument in the errors (``"--model"``, ...).
 
     Raises:
         ValueError: an empty label or path, or the same label twice.
     """
+    default_label = default_label or _jsonl_stem
     runs: dict[str, str] = {}
     for spec in specs:
         label, path = None, spec
         if "=" in spec and not os.path.exists(spec):
             label, path = spec.split("=", 1)
             if not label or not path:
-                raise ValueError(f"bad generation file spec {spec!r}; use LABEL=PATH.jsonl or PATH.jsonl")
-        label = label or Path(path).name.removesuffix(".jsonl")
+                raise ValueError(f"bad {what} spec {spec!r}; use LABEL=PATH or PATH")
+        label = label or default_label(path)
         if label in runs:
-            raise ValueError(f"label {label!r} is given twice; name the runs with LABEL=PATH.jsonl")
+            raise ValueError(f"{what}: label {label!r} is given twice; name each with LABEL=PATH")
         runs[label] = path
     return runs
 

@@ -14,12 +14,12 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from capo_verl.evaluation.score import parse_labelled
 from capo_verl.evaluation.teacher_forced import (
     PROG,
     ScoreInfo,
@@ -75,20 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     return add_arguments(p)
 
 
-def _parse_models(specs: Sequence[str]) -> dict[str, str]:
-    runs: dict[str, str] = {}
-    for spec in specs:
-        label, path = spec, spec
-        if "=" in spec and not os.path.exists(spec):
-            label, path = spec.split("=", 1)
-            if not label or not path:
-                raise ValueError(f"bad --model {spec!r}; use PATH or LABEL=PATH")
-        if label in runs:
-            raise ValueError(f"--model {label!r} is given twice")
-        runs[label] = path
-    return runs
-
-
 def _finite_or_none(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
@@ -114,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads must lie in [1, {cores}] (the usable cores), got {args.threads}")
         torch.set_num_threads(args.threads)
     _torch_dtype(args.dtype)
-    models = _parse_models(args.model)
+    models = parse_labelled(args.model, what="--model", default_label=str)
     out = Path(args.out)
     if out.suffix != ".json":
         raise ValueError(f"--out {out}: expected a .json file name")
