@@ -56,9 +56,7 @@ from capo_verl.compare.report import read_metrics, series, validation_passes
 from capo_verl.compare.statistics import (
     EQUIVALENCE_MARGIN,
     hierarchical_bootstrap_diff,
-    read_interval,
     seed_t_interval,
-    seeds_for_half_width,
 )
 
 #: per-question measures: name -> (label, index into ValidationPass.per_question())
@@ -216,13 +214,19 @@ def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MA
         one seed), ``"accuracy_lower"`` (the accuracy t-interval at the last pass lies below
         :data:`ACCURACY_DROP`), and ``"margin"``.
     """
-    t = entry["auc_mean"]["last"]["t_interval"]
+    from dataclasses import replace
+
+    from capo_verl.compare.verdict import ENDPOINTS, read_endpoint  # the same reading as pilot 2's calibration
+
+    r = read_endpoint(
+        entry["auc_mean"]["last"]["t_interval"], replace(ENDPOINTS[0], margin=margin), m="", base="", level=level
+    )
     acc = entry["accuracy"]["last"]["t_interval"]
     return {
-        "reading": read_interval(t["low"], t["high"], margin=margin),
-        "half_width": (t["high"] - t["low"]) / 2.0,
-        "sd": t["sd"],
-        "seeds_needed": seeds_for_half_width(t["sd"], margin, level=level),
+        "reading": r["reading"],
+        "half_width": r["half_width"],
+        "sd": r["sd"],
+        "seeds_needed": r["seeds_needed"],
         "accuracy_lower": bool(acc["high"] < ACCURACY_DROP),
         "margin": margin,
     }

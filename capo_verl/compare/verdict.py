@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from capo_verl.compare.seeds import ENTROPY_LAST_STEPS
 from capo_verl.compare.statistics import read_interval, seeds_for_half_width
 
 
@@ -48,7 +49,7 @@ ENDPOINTS = (
     ),
     Endpoint(
         "stability",
-        "actor/entropy, mean of the last 5 logged steps (nats)",
+        f"actor/entropy, mean of the last {ENTROPY_LAST_STEPS} logged steps (nats)",
         0.1,
         " nats",
         "{m} higher entropy",
