@@ -237,7 +237,11 @@ def _summary_markdown(summary: dict, methods: list[str]) -> str:
         lines += ["", "Runs:", ""]
         for m, r in runs:
             if r:
-                lines.append(f"- {m}: {r.get('wall_s', 0) / 60:.1f} min of training (command in {m}/done.json)")
+                minutes = r.get("wall_s", 0) / 60
+                lines.append(
+                    f"- {m}: {minutes:.1f} min in verl's trainer, its validation passes included "
+                    f"(command in {m}/done.json)"
+                )
     return "\n".join(lines) + "\n"
 
 
