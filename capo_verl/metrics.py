@@ -110,7 +110,8 @@ def capo_step_metrics(
     Returns:
         ``{prefix + name: float}`` with ``auc_mean`` (per-group ROC-AUC of lpm vs correctness averaged
         over mixed groups), ``mixed_group_frac``, ``lpm_correct_mean``, ``lpm_incorrect_mean``,
-        ``adv_abs_mean``, ``mask_frac_correct``, ``mask_frac_incorrect``, ``ref_ppl_correct_q75``,
+        ``adv_abs_mean``, ``adv_mean_correct``, ``adv_mean_incorrect`` (the mean sequence advantage of the
+        correct / incorrect responses), ``mask_frac_correct``, ``mask_frac_incorrect``, ``ref_ppl_correct_q75``,
         ``ref_ppl_incorrect_q25``. A metric that is undefined in this batch (no mixed group, no
         correct response, no ``ref_ppl``...) is left out rather than logged as NaN.
     """
@@ -129,7 +130,11 @@ def capo_step_metrics(
         if sel.any():
             out[f"lpm_{name}_mean"] = float(lpm[sel].mean())
     if adv is not None and valid.any():
-        out["adv_abs_mean"] = float(np.abs(np.asarray(adv, dtype=np.float64).reshape(-1)[valid]).mean())
+        adv = np.asarray(adv, dtype=np.float64).reshape(-1)[valid]
+        out["adv_abs_mean"] = float(np.abs(adv).mean())
+        for name, sel in (("correct", correct), ("incorrect", ~correct)):
+            if sel.any():
+                out[f"adv_mean_{name}"] = float(adv[sel].mean())
     if keep is not None:
         keep = np.asarray(keep, dtype=bool).reshape(-1)[valid]
         for name, sel in (("correct", correct), ("incorrect", ~correct)):

@@ -132,3 +132,9 @@ def test_grpo_step_logs_batch_calibration_metrics(transfer_queue):
     assert metrics["capo/lpm_correct_mean"] == pytest.approx(lpm[correct].mean(), rel=1e-5)
     assert metrics["capo/adv_abs_mean"] > 0
     assert not [k for k in metrics if k.startswith("capo/mask_frac") or k.startswith("capo/ref_ppl")]
+    # the mean advantage of the correct and of the incorrect responses, by hand: GRPO's (R - mean) / (std + 1e-6)
+    # per group (sample std, verl's core_algos.compute_grpo_outcome_advantage)
+    score = correct.astype(np.float64).reshape(3, 4)
+    adv = ((score - score.mean(1, keepdims=True)) / (score.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+    assert metrics["capo/adv_mean_correct"] == pytest.approx(adv[correct].mean(), rel=1e-5)
+    assert metrics["capo/adv_mean_incorrect"] == pytest.approx(adv[~correct].mean(), rel=1e-5)

@@ -32,8 +32,6 @@ import inspect
 import logging
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from capo_verl.estimators.common import pop_step_metrics, queued_step_metrics, record_step_metrics
 
 from . import after_import, check_signature
@@ -121,48 +119,45 @@ def _estimator_name(adv_estimator) -> str:
 
 
 def batch_calibration_metrics(data, reward_threshold: float = 0.5) -> dict[str, float]:
-    """``capo/*`` calibration metrics of a training batch whose advantages are computed, for any estimator.
+    """``capo/*`` calibration metrics of a training batch whose advantages are computed, for an estimator that does
+    not log its own (verl's GRPO, GSPO, ...): the same computation as capo-verl's estimators
+    (:meth:`~capo_verl.estimators.common.BatchView.calibration_metrics` of
+    :func:`~capo_verl.estimators.common.read_batch`).
 
     Reads ``data.batch``: ``token_level_rewards`` and ``response_mask`` ``(bs, response_length)``,
     ``old_log_probs`` (or, without it, ``rollout_log_probs``) ``(bs, response_length)`` in nats, ``advantages``
-    ``(bs, response_length)`` if present; and ``data.non_tensor_batch["uid"]`` ``(bs,)``. lpm is the masked mean
-    of the log-probs (float64), a response is correct iff its summed reward is > ``reward_threshold``, and its
-    sequence advantage is the mean of ``advantages`` over its valid tokens.
+    ``(bs, response_length)``; and ``data.non_tensor_batch["uid"]`` ``(bs,)``. A response is correct iff its summed
+    reward is > ``reward_threshold``, and its sequence advantage is the mean of ``advantages`` over its valid tokens.
 
     Returns:
         :func:`capo_verl.metrics.capo_step_metrics` (``capo/auc_mean``, ``capo/mixed_group_frac``,
-        ``capo/lpm_correct_mean``, ``capo/lpm_incorrect_mean``, ``capo/adv_abs_mean``), or ``{}`` when the batch
-        has no ``uid`` or no log-probs (nothing to measure; the caller warns once).
+        ``capo/lpm_correct_mean``, ``capo/lpm_incorrect_mean``, ``capo/adv_abs_mean``, ``capo/adv_mean_correct``,
+        ``capo/adv_mean_incorrect``), or ``{}`` when the batch has no ``uid``, no log-probs or no ``advantages``
+        (nothing to measure; the caller warns once).
     """
-    from capo_verl.metrics import capo_step_metrics
+    from capo_verl.estimators.common import read_batch
 
     batch = data.batch
     keys = set(batch.keys())
-    lp_key = next((k for k in ("old_log_probs", "rollout_log_probs") if k in keys), None)
-    if lp_key is None or "uid" not in data.non_tensor_batch:
+    if "uid" not in data.non_tensor_batch or "advantages" not in keys:
         return {}
-    mask = batch["response_mask"].double()
-    n_valid = mask.sum(-1)
-    denom = n_valid.clamp_min(1.0)
-    lpm = (batch[lp_key].double() * mask).sum(-1) / denom
-    correct = batch["token_level_rewards"].double().sum(-1) > reward_threshold
-    adv = (batch["advantages"].double() * mask).sum(-1) / denom if "advantages" in keys else None
-    return capo_step_metrics(
-        lpm.numpy(force=True),
-        correct.numpy(force=True),
-        np.asarray(data.non_tensor_batch["uid"]),
-        (n_valid > 0).numpy(force=True),
-        adv=None if adv is None else adv.numpy(force=True),
-    )
+    if not keys & {"old_log_probs", "rollout_log_probs"}:
+        return {}
+    log_probs = {k: batch[k] for k in ("old_log_probs", "rollout_log_probs") if k in keys}
+    view = read_batch(
+        "batch metrics", batch["token_level_rewards"], batch["response_mask"], data.non_tensor_batch["uid"],
+        reward_threshold, **log_probs,
+    )  # fmt: skip
+    adv = (batch["advantages"].float() * view.out).sum(-1) / view.n_valid.clamp_min(1.0)
+    return view.calibration_metrics(adv)
 
 
 def _reward_threshold(config) -> float:
-    """``algorithm.capo.reward_threshold`` when the config has it (every capo-verl estimator's rule), else 0.5."""
-    capo = config.get("capo", None) if config is not None and hasattr(config, "get") else None
-    value = capo.get("reward_threshold", 0.5) if capo is not None else 0.5
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"algorithm.capo.reward_threshold must be a number, got {value!r}")
-    return float(value)
+    """``algorithm.capo.reward_threshold`` as :class:`~capo_verl.estimators.CapoConfig` reads it (0.5 without the
+    section): the correctness rule of the batch metrics of verl's own estimators."""
+    from capo_verl.estimators.capo import CapoConfig
+
+    return float(CapoConfig.from_algorithm_config(config).reward_threshold)
 
 
 def _record_batch_calibration(data, adv_estimator, config) -> None:
