@@ -6,11 +6,14 @@ Copies every file under SRC except checkpoints (``ckpt/``), Hydra's run folders 
 the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) and files over ``--max-mb``
 (listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
+With ``--gzip-dumps``, each validation dump ``val_generations/<step>.jsonl`` is stored as ``<step>.jsonl.gz``
+(gzip, no timestamp: the same dump gives the same bytes), which ``capo-verl compare`` reads as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import shutil
 from pathlib import Path
 
@@ -26,7 +29,18 @@ def _unit_of(src: Path, rel: Path) -> Path | None:
     return None
 
 
-def collect(src: Path, dest: Path, *, max_bytes: int) -> tuple[list[Path], list[Path]]:
+def _gzip_dump(path: Path, target: Path) -> bool:
+    """Write ``path`` gzip-compressed (mtime 0) to ``target`` unless it holds the same bytes; returns True if
+    written."""
+    data = gzip.compress(path.read_bytes(), mtime=0)
+    if target.exists() and target.read_bytes() == data:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return True
+
+
+def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) -> tuple[list[Path], list[Path]]:
     """Copy as described in the module doc; returns ``(copied, left out for size)`` relative paths."""
     copied, too_big = [], []
     for path in sorted(src.rglob("*")):
@@ -46,6 +60,10 @@ def collect(src: Path, dest: Path, *, max_bytes: int) -> tuple[list[Path], list[
                 "attempts.jsonl",
             )
         ):
+            continue
+        if gzip_dumps and rel.parent.name == "val_generations" and name.endswith(".jsonl"):
+            if _gzip_dump(path, dest / rel.with_name(name + ".gz")):
+                copied.append(rel.with_name(name + ".gz"))
             continue
         if path.stat().st_size > max_bytes:
             too_big.append(rel)
@@ -68,8 +86,11 @@ def main() -> None:
     p.add_argument("src", type=Path, help="the --out folder of capo-verl compare")
     p.add_argument("dest", type=Path, help="where in the repository")
     p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
+    p.add_argument("--gzip-dumps", action="store_true", help="store validation dumps as <step>.jsonl.gz")
     args = p.parse_args()
-    copied, too_big = collect(args.src.expanduser(), args.dest, max_bytes=int(args.max_mb * 2**20))
+    copied, too_big = collect(
+        args.src.expanduser(), args.dest, max_bytes=int(args.max_mb * 2**20), gzip_dumps=args.gzip_dumps
+    )
     for rel in copied:
         print(f"copied {rel}")
     for rel in too_big:

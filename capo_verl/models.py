@@ -331,7 +331,13 @@ def gsm8k_calc_prompt(expression: str) -> str:
 
 
 def write_gsm8k_calc_parquet(
-    out_dir: str | os.PathLike, *, n_train: int = 256, n_val: int = 16, n_test: int = 0, seed: int = 0
+    out_dir: str | os.PathLike,
+    *,
+    n_train: int = 256,
+    n_val: int = 16,
+    n_test: int = 0,
+    seed: int = 0,
+    val_all: bool = False,
 ) -> tuple[Path, Path]:
     """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (see ``capo_verl/data.py``).
 
@@ -344,6 +350,11 @@ def write_gsm8k_calc_parquet(
 
     With ``n_test > 0`` a third file, ``<out_dir>/gsm8k_calc_test.parquet``, holds the next ``n_test`` problems of
     the same shuffled GSM8K test slice (disjoint from the validation rows): a held-out evaluation set.
+
+    With ``val_all``, the validation rows are instead every calculation of the test slice outside the held-out set
+    (which stays the ``n_test`` after the first ``n_val``), in the shuffled order, less every one whose expression
+    (whitespace removed) is also a training row's: the same calculation occurs in both GSM8K splits, and a
+    validation question must never have been trained on.
 
     Returns:
         ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
@@ -364,13 +375,20 @@ def write_gsm8k_calc_parquet(
     ]
     if n_test > 0:
         splits.append(("test", resources / "benchmarks" / "gsm8k_test.jsonl", n_val, n_test))
+    trained: set[str] = set()
     for split, source, start, count in splits:
         problems = gsm8k_calc_problems(source)
         if start + count > len(problems):
             raise ValueError(
                 f"asked for {start + count} calculations of {source.name} ({split}), its slice has {len(problems)}"
             )
-        order = np.random.default_rng(seed).permutation(len(problems))[start : start + count]
+        shuffled = np.random.default_rng(seed).permutation(len(problems))
+        order = shuffled[start : start + count]
+        if split == "train":
+            trained = {"".join(problems[int(i)][0].split()) for i in order}
+        elif split == "val" and val_all:
+            held_out = set(shuffled[n_val : n_val + n_test].tolist())
+            order = [i for i in shuffled if i not in held_out and "".join(problems[int(i)][0].split()) not in trained]
         rows = []
         for index in order:
             expr, result = problems[int(index)]

@@ -4,6 +4,7 @@ command line is tested in tests/test_compare_cli.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -443,15 +444,16 @@ def test_the_plans_reading_of_an_interval():
     """docs/compare.md, "Reading the primary endpoint": above/below 0 first, then inside [-0.03, 0.03]."""
     from capo_verl.compare.statistics import read_interval
 
-    assert read_interval(0.001, 0.2) == "above 0"
-    assert read_interval(0.005, 0.025) == "above 0"  # excludes 0, even inside the margin
-    assert read_interval(-0.2, -0.001) == "below 0"
-    assert read_interval(-0.03, 0.03) == read_interval(-0.01, 0.02) == "inside the margin"
-    assert read_interval(-0.031, 0.02) == read_interval(-0.01, 0.05) == read_interval(0.0, 0.04) == "no decision"
-    assert read_interval(float("nan"), float("nan")) == "no decision"  # one seed: no t-interval
+    read = functools.partial(read_interval, margin=0.03)
+    assert read(0.001, 0.2) == "above 0"
+    assert read(0.005, 0.025) == "above 0"  # excludes 0, even inside the margin
+    assert read(-0.2, -0.001) == "below 0"
+    assert read(-0.03, 0.03) == read(-0.01, 0.02) == "inside the margin"
+    assert read(-0.031, 0.02) == read(-0.01, 0.05) == read(0.0, 0.04) == "no decision"
+    assert read(float("nan"), float("nan")) == "no decision"  # one seed: no t-interval
     assert read_interval(-0.05, 0.05, margin=0.05) == "inside the margin"
     with pytest.raises(ValueError, match="low 0.1 > high 0.0"):
-        read_interval(0.1, 0.0)
+        read(0.1, 0.0)
     with pytest.raises(ValueError, match="margin must be > 0"):
         read_interval(0.0, 0.1, margin=0.0)
 
@@ -505,7 +507,7 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
         (1, "capo", 0): (half, solved), (1, "capo", 30): (up, solved),
     }  # fmt: skip
     _dump_passes(tmp_path, passes)
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=200)
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=200)
 
     # AUC-mean per seed (mean over mixed questions): seed 0 grpo 0 -> (0 + .75)/2, capo (1 + .75)/2 -> (1 + 1)/2;
     # seed 1 grpo .75 -> (.75 + 0)/2, capo .75 -> 1.0 (b not mixed)
@@ -526,19 +528,28 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
     # accuracy: every question 1/3 except `solved` (1): seed 1 capo last (1/3 + 1)/2 vs grpo last 1/3
     acc = summary["differences"]["capo - grpo"]["accuracy"]["last"]
     assert acc["per_seed"] == pytest.approx([0.0, 1 / 3])
-    # the primary endpoint (AUC-mean at the last pass): [0.625, 0.625] lies above 0; sd 0 reaches any half-width
-    # with the fewest seeds the t-interval has (2); accuracy is not lower
-    assert summary["primary"]["capo - grpo"] == {
+    # the calibration endpoint (AUC-mean at the last pass): [0.625, 0.625] lies above 0; sd 0 reaches any
+    # half-width with the fewest seeds the t-interval has (2)
+    cal = summary["co_primary"]["capo - grpo"]["endpoints"]["calibration"]
+    assert {k: cal[k] for k in ("reading", "words", "half_width", "sd", "seeds_needed", "margin")} == {
         "reading": "above 0",
+        "words": "capo better calibrated",
         "half_width": 0.0,
         "sd": 0.0,
         "seeds_needed": 2,
-        "accuracy_lower": False,
         "margin": 0.03,
     }
+    # the questions mixed under both methods at the last pass: seed 0 a and b (capo 1, 1; grpo 0, .75), seed 1 a
+    # only (capo 1, grpo .75): per seed 1 - .375 and 1 - .75
+    both = summary["differences"]["capo - grpo"]["auc_mean"]["both_mixed"]
+    assert both["per_seed"] == pytest.approx([0.625, 0.25]) and both["n_questions"] == [2, 1]
     md = (tmp_path / "seeds_summary.md").read_text()
     assert "capo - grpo, at the last pass | +0.625 |" in md
-    assert "| capo - grpo | +0.625 | [+0.625, +0.625] | above 0 (margin 0.03) | 0.000 | 0.000 | 2 | no |" in md
+    assert "questions mixed under both methods (2, 1 per seed) | +0.438 |" in md
+    assert (
+        "| capo - grpo | sampled validation AUC-mean at the last pass | +0.625 | [+0.625, +0.625] | capo better "
+        "calibrated (margin 0.03) | 0.000 | 0.000 | 2 |" in md
+    )
     assert json.loads((tmp_path / "seeds_summary.json").read_text())["steps"]["capo"] == [[0, 30], [0, 30]]
 
 
@@ -558,7 +569,7 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
         (1, "capo", 0): (up, solved), (1, "capo", 30): (down, solved),
     }  # fmt: skip
     _dump_passes(tmp_path, passes)
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=50)
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=50)
 
     change = summary["differences"]["capo - grpo"]["auc_mean"]["change"]
     assert change == {"undefined": "no defined value for grpo, seed 1"}
@@ -568,7 +579,7 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
     half_width = 12.706204736 * np.std([0.5, -1.0], ddof=1) / np.sqrt(2)  # t_{0.975, 1}
     t = last["t_interval"]
     assert (t["low"], t["high"]) == pytest.approx((-0.25 - half_width, -0.25 + half_width))
-    assert summary["primary"]["capo - grpo"]["reading"] == "no decision"
+    assert summary["co_primary"]["capo - grpo"]["endpoints"]["calibration"]["reading"] == "no decision"
     # accuracy has no undefined question: its change is defined
     assert "t_interval" in summary["differences"]["capo - grpo"]["accuracy"]["change"]
     md = (tmp_path / "seeds_summary.md").read_text()
@@ -641,10 +652,29 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
         ]
         (run / "eval_generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         entropy = [float(s) for s in range(1, 8)] if m == "grpo" else [2.0] * 7  # last 5: mean(3..7) = 5, and 2
+        # grad norms against grad_clip 1.0: grpo 2 of 7 above it (1.0 itself is not), capo 5 of 7
+        grad = [0.5, 1.0, 1.5, 0.2, 3.0, 0.9, 0.1] if m == "grpo" else [1.1, 2.0, 0.5, 1.5, 1.2, 0.3, 4.0]
+        adv = (0.5, -0.25) if m == "grpo" else (1.0 + k, -0.5)  # (correct, incorrect), the same every step
         (run / "metrics.jsonl").write_text(
-            "".join(json.dumps({"step": s + 1, "data": {"actor/entropy": e}}) + "\n" for s, e in enumerate(entropy))
+            "".join(
+                json.dumps(
+                    {
+                        "step": s + 1,
+                        "data": {
+                            "actor/entropy": e,
+                            "actor/grad_norm": g,
+                            "capo/adv_mean_correct": adv[0],
+                            "capo/adv_mean_incorrect": adv[1],
+                        },
+                    }
+                )
+                + "\n"
+                for s, (e, g) in enumerate(zip(entropy, grad))
+            )
         )
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], n_boot=200)
+        composed = {"actor_rollout_ref": {"actor": {"grad_clip": 1.0}}}
+        (run / "done.json").write_text(json.dumps({"settings": {"composed": composed}}))
+    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=200)
     sec = summary["secondary"]
 
     tf_rows = sec["teacher_forced_auc_mean"]["rows"]
@@ -672,6 +702,13 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     assert its["per_seed"] == {"grpo": [0.5, 0.5], "capo": [0.0, 0.0]}
     assert its["differences"]["capo - grpo"]["per_seed"] == pytest.approx([-0.5, -0.5])
 
+    clipped = sec["grad_clipped"]["rows"]["share of steps"]
+    assert clipped["per_seed"] == {"grpo": [2 / 7, 2 / 7], "capo": [5 / 7, 5 / 7]}
+    assert clipped["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(3 / 7)
+    by_outcome = sec["advantage_by_outcome"]["rows"]
+    assert by_outcome["correct responses"]["per_seed"] == {"grpo": [0.5, 0.5], "capo": [1.0, 2.0]}
+    assert by_outcome["incorrect responses"]["differences"]["capo - grpo"]["per_seed"] == pytest.approx([-0.25] * 2)
+
     ent = sec["entropy"]["rows"]["entropy"]
     assert ent["per_seed"] == {"grpo": [5.0, 5.0], "capo": [2.0, 2.0]}
     assert ent["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(-3.0)
@@ -696,6 +733,16 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     assert "**Verdict, capo - grpo: contradicts** (calibration reads no difference as large as 0.03)." in md
 
 
+PILOT2 = REPO / "benchmarks" / "results" / "compare_pilot2_cpu"
+
+
+def _pilot2_plan():
+    """Pilot 2's plan file (margins 0.03, 0.1 nats, 0.05; its verdict rule)."""
+    from capo_verl.compare.verdict import load_plan
+
+    return load_plan(PILOT2 / "plan.yaml")
+
+
 def _interval(low: float, high: float, sd: float = 0.03) -> dict:
     return {"mean": (low + high) / 2, "low": low, "high": high, "sd": sd}
 
@@ -704,9 +751,10 @@ def test_co_primary_readings_and_the_verdict_rule_by_hand():
     """docs/results/pilot2.md: each endpoint read against its own margin (0.03, 0.1 nats, 0.05); the verdict
     supports the claim only with calibration better, accuracy not lower and entropy not higher, contradicts it with
     calibration worse or inside its margin or accuracy clearly lower (interval below -0.05), else no decision."""
-    from capo_verl.compare.verdict import ENDPOINTS, NOT_MEASURED, read_endpoint, verdict
+    from capo_verl.compare.verdict import NOT_MEASURED, apply_verdict, read_endpoint
 
-    cal, ent, acc = ENDPOINTS
+    plan = _pilot2_plan()
+    cal, ent, acc = plan.endpoints
 
     def read(c, e, a) -> str:
         readings = {
@@ -714,7 +762,7 @@ def test_co_primary_readings_and_the_verdict_rule_by_hand():
             "stability": read_endpoint(e, ent, m="capo", base="grpo"),
             "accuracy": read_endpoint(a, acc, m="capo", base="grpo"),
         }
-        return verdict(readings)["verdict"]
+        return apply_verdict(readings, plan)["verdict"]
 
     better, undecided = _interval(0.01, 0.08), _interval(-0.02, 0.05)
     assert read(better, _interval(-0.05, 0.08), _interval(-0.07, 0.02)) == "supports"  # accuracy: no decision
@@ -738,3 +786,143 @@ def test_co_primary_readings_and_the_verdict_rule_by_hand():
     one_seed = {"mean": 0.1, "low": float("nan"), "high": float("nan"), "sd": float("nan")}
     assert read_endpoint(one_seed, cal, m="capo", base="grpo")["seeds_needed"] is None
     assert read_endpoint(None, ent, m="capo", base="grpo")["reading"] == NOT_MEASURED
+
+
+def _leaves(x, path=""):
+    """``{dotted path: leaf}`` of a JSON record (lists indexed)."""
+    if isinstance(x, dict):
+        return {k: v for key, value in x.items() for k, v in _leaves(value, f"{path}.{key}").items()}
+    if isinstance(x, list):
+        return {k: v for i, value in enumerate(x) for k, v in _leaves(value, f"{path}[{i}]").items()}
+    return {path: x}
+
+
+def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
+    """Pilot 2's seeds_summary.json, written at its code commit with the endpoints inside the package, regenerates
+    from the committed unit files and its plan file with the same numbers, readings and verdict; the only keys it
+    lost are pilot 1's primary reading (a study's protocol, no longer in the package), and every key it gained is a
+    new secondary measure or the plan's name and each endpoint's label."""
+    from capo_verl.compare.seeds import write_seeds_summary
+
+    out = tmp_path / "pilot"
+    shutil.copytree(PILOT2 / "pilot", out)
+    committed = json.loads((PILOT2 / "pilot" / "seeds_summary.json").read_text())
+    write_seeds_summary(out, ["grpo", "capo"], [0, 1, 2], plan=_pilot2_plan(), n_boot=committed["n_boot"])
+    regenerated = json.loads((out / "seeds_summary.json").read_text())
+
+    old, new = _leaves(committed), _leaves(regenerated)
+    assert {k.split("[")[0].split(".")[1] for k in set(old) - set(new)} == {"primary"}
+    gained = {k for k in set(new) - set(old)}
+    assert all(
+        k.startswith((".plan.", ".secondary.grad_clipped.", ".differences.capo - grpo.auc_mean.both_mixed."))
+        or k.endswith(".label")
+        for k in gained
+    ), sorted(gained)[:5]
+    for key in set(old) & set(new):
+        if isinstance(old[key], float):
+            assert new[key] == pytest.approx(old[key], rel=1e-12, abs=1e-12, nan_ok=True), key
+        else:
+            assert new[key] == old[key], key
+    co = regenerated["co_primary"]["capo - grpo"]
+    assert co["verdict"]["verdict"] == "no decision"
+    assert co["endpoints"]["calibration"]["mean"] == pytest.approx(-0.005, abs=5e-4)
+    assert co["endpoints"]["calibration"]["seeds_needed"] == 11
+    md = (out / "seeds_summary.md").read_text()
+    assert "**Verdict, capo - grpo: no decision**" in md and "pilot 2's plan file (`plan.yaml`)" in md
+
+
+def test_a_plan_file_is_checked_and_each_fault_names_its_key(tmp_path):
+    """Every fault of a plan file is one PlanError naming the file and the key; pilot 2's plan reads as written."""
+    import yaml
+
+    from capo_verl.compare.verdict import PlanError, load_plan
+
+    plan = _pilot2_plan()
+    assert (plan.methods, plan.seeds, plan.steps, plan.level) == (("grpo", "capo"), (0, 1, 2), 30, 0.95)
+    assert [(e.key, e.measure, e.margin) for e in plan.endpoints] == [
+        ("calibration", "auc_mean", 0.03),
+        ("stability", "entropy", 0.1),
+        ("accuracy", "accuracy", 0.05),
+    ]
+    raw = yaml.safe_load((PILOT2 / "plan.yaml").read_text())
+
+    def fault(change) -> str:
+        data = json.loads(json.dumps(raw))
+        change(data)
+        path = tmp_path / "plan.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(PlanError) as info:
+            load_plan(path)
+        assert str(info.value).startswith(f"plan file {path}: ")
+        return str(info.value).split(": ", 1)[1]
+
+    assert fault(lambda d: d.pop("steps")) == "steps: missing"
+    assert fault(lambda d: d.update(margins=1)).startswith("(top level): unknown key 'margins'")
+    assert fault(lambda d: d["endpoints"]["calibration"].update(margin=0)).startswith(
+        "endpoints.calibration.margin: expected a number > 0, got 0"
+    )
+    assert fault(lambda d: d["endpoints"]["accuracy"].update(measure="acc")).startswith(
+        "endpoints.accuracy.measure: 'acc' is not one of auc_mean"
+    )
+    assert fault(lambda d: d["verdict"]["supports_if_all"][0].update(reading=["above"])).startswith(
+        "verdict.supports_if_all[0].reading: expected a list of above 0"
+    )
+    assert fault(lambda d: d["verdict"]["contradicts_if_any"][1].update(endpoint="speed")).startswith(
+        "verdict.contradicts_if_any[1]: expected {endpoint: one of accuracy, calibration, stability"
+    )
+    assert fault(lambda d: d.update(methods=["grpo"])).startswith("methods: expected a list of two or more")
+    assert fault(lambda d: d.update(level=1.0)) == "level: expected a coverage in (0, 1), got 1.0"
+    with pytest.raises(PlanError, match="cannot be read"):
+        load_plan(tmp_path / "missing.yaml")
+
+
+def test_a_shared_step0_pass_is_copied_marked_and_left_out_of_the_agreement(tmp_path):
+    """``compare --share-step0``: the second method takes the first's step-0 pass byte for byte, marked with its
+    source and SHA-256; the step-0 agreement then reports that seed as shared (None), not as 100% identical; a run
+    that validated step 0 itself is refused."""
+    import hashlib
+
+    from capo_verl.compare.running import SHARED_STEP0, share_step0
+    from capo_verl.compare.seeds import step0_agreement
+
+    rows = [{"input": "a", "output": o, "lpm": lp, "acc": c} for o, lp, c in (("x", -1.0, 1.0), ("y", -2.0, 0.0))]
+    for k, m in ((0, "grpo"), (0, "capo"), (1, "grpo")):
+        path = tmp_path / f"seed{k}" / m / "val_generations" / "0.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seed1 = tmp_path / "seed1"
+    with pytest.raises(FileNotFoundError, match="no step-0 validation pass to share"):
+        share_step0(tmp_path / "seed2" / "grpo", tmp_path / "seed2" / "capo")
+    target = share_step0(seed1 / "grpo", seed1 / "capo")
+    source = seed1 / "grpo" / "val_generations" / "0.jsonl"
+    assert target.read_bytes() == source.read_bytes()
+    record = json.loads((target.parent / SHARED_STEP0).read_text())
+    assert record == {"from": "grpo/val_generations/0.jsonl", "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    assert share_step0(seed1 / "grpo", seed1 / "capo") == target  # done: nothing to do
+    with pytest.raises(RuntimeError, match="the run validated step 0 itself"):
+        share_step0(tmp_path / "seed0" / "grpo", tmp_path / "seed0" / "capo")
+    assert step0_agreement(tmp_path, ["grpo", "capo"], [0, 1]) == {"capo - grpo": [1.0, None]}
+
+
+def test_a_gzip_compressed_dump_reads_as_the_plain_one(tmp_path):
+    """A committed unit keeps its validation dumps as ``<step>.jsonl.gz``: the passes, the step-0 agreement and the
+    summary read them as the plain files."""
+    import gzip
+
+    from capo_verl.compare.report import validation_passes
+    from capo_verl.compare.seeds import step0_agreement
+
+    src = PILOT2 / "pilot" / "seed0"
+    plain = [validation_passes(src / m) for m in ("grpo", "capo")]
+    for m in ("grpo", "capo"):
+        folder = tmp_path / "seed0" / m / "val_generations"
+        folder.mkdir(parents=True)
+        for dump in (src / m / "val_generations").glob("*.jsonl"):
+            (folder / f"{dump.name}.gz").write_bytes(gzip.compress(dump.read_bytes(), mtime=0))
+    packed = [validation_passes(tmp_path / "seed0" / m) for m in ("grpo", "capo")]
+    for a_passes, b_passes in zip(plain, packed):
+        assert [p.step for p in a_passes] == [p.step for p in b_passes] == [0, 30]
+        for a, b in zip(a_passes, b_passes):
+            assert a.questions == b.questions
+            assert all(np.array_equal(x, y) for x, y in zip(a.lpm, b.lpm))
+    assert step0_agreement(tmp_path, ["grpo", "capo"], [0]) == {"capo - grpo": [1.0]}

@@ -26,6 +26,7 @@ from capo_verl.compare.running import run_method
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "benchmarks" / "results" / "compare_cpu"
+PILOT2_PLAN = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "plan.yaml"
 CHECK_TIMEOUT_S = 240  # composing verl's config takes 10-30 s on 2 busy cores; training would take minutes
 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")
@@ -152,6 +153,17 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
             ["actor_rollout_ref.rollout.val_kwargs.do_sample=false"],
             "method grpo: capo-verl compare needs sampled validation",
         ),
+        (["--seeds", "0-2000"], "argument --seeds: '0-2000': more than 100 seeds; each trains every method"),
+        (["--val-questions", "most"], "argument --val-questions: not an integer: 'most'"),
+        (["--share-step0"], "--share-step0 shares the first method's step-0 pass within a seed: add --seeds K"),
+        (["--plan", str(PILOT2_PLAN)], "--plan reads a comparison across seeds; add --seeds (the plan's: 0,1,2)"),
+        (["--plan", str(PILOT2_PLAN), "--seeds", "1,5"], "--seeds: seed 5 is not among the plan's seeds (0,1,2)"),
+        (
+            ["--plan", str(PILOT2_PLAN), "--seeds", "0", "--methods", "capo", "grpo"],
+            "--methods capo grpo: the plan compares --methods grpo capo",
+        ),
+        (["--plan", str(PILOT2_PLAN), "--seeds", "0", "--steps", "3"], "--steps 3: the plan trains --steps 30"),
+        (["--plan", "nope.yaml", "--seeds", "0"], "nope.yaml: cannot be read"),
         (["--teacher-forced", "0"], "argument --teacher-forced: must be >= 1, got 0"),
         (
             ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer]", "--teacher-forced", "8"],
@@ -280,8 +292,17 @@ def test_plot_only_redraws_committed_runs_with_the_requested_resamples(tmp_path)
     shutil.copytree(COMMITTED, out)
     for name in ("summary.md", "summary.json", "val_auc_mean.png"):
         (out / name).unlink()
-    proc = run_cli("--plot-only", "--methods", "grpo", "capo", "--n-boot", "300", "--out", str(out), cwd=tmp_path)
+    (out / "notes.md").write_text("mine")
+    (out / "summary.md").write_text("the user's own summary")
+    # the committed folder has no compare marker: --plot-only refuses to write its summary files there
+    message = refusal(run_cli("--plot-only", "--methods", "grpo", "capo", "--out", str(out), cwd=tmp_path))
+    assert message.startswith(f"--plot-only: {out} was not made by capo-verl compare (no {MARKER})")
+    assert "add --reuse-out" in message and (out / "summary.md").read_text() == "the user's own summary"
+    proc = run_cli(
+        "--plot-only", "--reuse-out", "--methods", "grpo", "capo", "--n-boot", "300", "--out", str(out), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "notes.md").read_text() == "mine"
     md = (out / "summary.md").read_text()
     assert "(300 resamples)" in md and "2000 resamples" not in md and md in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -296,7 +317,9 @@ def test_plot_only_redraws_committed_runs_with_the_requested_resamples(tmp_path)
     assert (out / "val_auc_mean.png").stat().st_size > 5000
     assert not (out / MARKER).exists()  # --plot-only writes the report only
 
-    message = refusal(run_cli("--plot-only", "--methods", "grpo", "simko", "--out", str(out), cwd=tmp_path))
+    message = refusal(
+        run_cli("--plot-only", "--reuse-out", "--methods", "grpo", "simko", "--out", str(out), cwd=tmp_path)
+    )
     assert message.startswith(f"--plot-only: {out / 'simko'}: no metrics.jsonl")
 
 
@@ -421,20 +444,21 @@ def test_each_method_is_scored_and_evaluated_before_the_next_one_trains(tmp_path
         mock.patch.object(cli, "run_method", fake_run_method),
         mock.patch.object(cli.teacher_forced, "make_pool", lambda out, *a, **kw: out / "teacher_forced"),
         mock.patch.object(cli.teacher_forced, "score_run", record("score")),
-        mock.patch.object(cli, "generate_heldout", record("heldout")),
+        mock.patch.object(
+            cli,
+            "generate_heldout",
+            lambda run, *a, **kw: events.append(("heldout", run.parent.name, run.name, kw["seed"])),
+        ),
         mock.patch.object(cli, "evaluate", fake_evaluate),
         mock.patch.object(cli, "write_report", lambda *a, **kw: None),
-        mock.patch(
-            "capo_verl.compare.seeds.write_seeds_summary",
-            lambda out, *a, **kw: (out / "seeds_summary.md").write_text(""),
-        ),
+        mock.patch.object(cli, "write_seeds_summary", lambda out, *a, **kw: (out / "seeds_summary.md").write_text("")),
         contextlib.redirect_stdout(io.StringIO()),
     ):
         assert cli.main(args) == 0
     expected = []
     for k in ("seed0", "seed1"):
         for m in ("grpo", "capo"):
-            expected += [("train", k, m), ("score", k, m), ("heldout", k, m)]
+            expected += [("train", k, m), ("score", k, m), ("heldout", k, m, int(k[-1]))]  # seeded by the seed
         expected.append(("evaluate", k, ("grpo", "capo")))
     assert events == expected
     # each config composed and checked once, whatever the number of seeds
@@ -459,3 +483,32 @@ def test_a_finished_method_without_checkpoints_needs_what_they_would_make(tmp_pa
     assert "without its held-out generations (eval_done)" in message and "teacher-forced" not in message
     files = {k: v for k, v in snapshot(out).items() if v[0] is not None and "teacher_forced" not in k}
     assert files == {k: v for k, v in before.items() if v[0] is not None}  # nothing written
+
+
+def test_prepare_only_writes_the_data_and_the_pool_and_trains_nothing(tmp_path):
+    """``--prepare-only``: the data and the teacher-forced pool every unit of a study shares, made once; no method
+    trains, and a second call with the same settings is accepted (the folder is compare's)."""
+    out = tmp_path / "cmp"
+    pools = []
+
+    def fake_pool(folder, val_data, *args, **kwargs):
+        pools.append((folder, val_data.name, kwargs["k"]))
+        return folder / "teacher_forced"
+
+    args = base_args(tmp_path, out, "--seeds", "3", "--teacher-forced", "2", "--val-questions", "all", "--prepare-only")
+    with mock.patch.object(cli.teacher_forced, "make_pool", fake_pool):
+        for _ in range(2):
+            proc = run_cli(*args, cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    assert pools == [(out, "gsm8k_calc_val.parquet", 2)] * 2
+    assert "nothing trained" in proc.stdout and not (out / "seed3" / "grpo").exists()
+    import pandas as pd
+
+    val = pd.read_parquet(tmp_path / "data" / "gsm8k_calc_val.parquet")
+    held_out = pd.read_parquet(tmp_path / "data" / "gsm8k_calc_test.parquet")
+    train = pd.read_parquet(tmp_path / "data" / "gsm8k_calc_train.parquet")
+    assert (len(val), len(held_out), len(train)) == (580, 64, 1024)
+    questions = {frame: {p[0]["content"] for p in df.prompt} for frame, df in (("val", val), ("test", held_out))}
+    assert not questions["val"] & questions["test"]
+    expressions = {e["problem"] for e in train.extra_info}
+    assert not {e["problem"] for e in val.extra_info} & expressions  # no validation calculation was trained on

@@ -21,15 +21,19 @@ from capo_verl.compare.config import (
     DEFAULT_CONFIG,
     MIN_VAL_QUESTIONS,
     MIN_VAL_SAMPLES,
+    VAL_ALL,
+    VAL_ALL_HELDOUT_AFTER,
     UsageError,
     as_record,
     checked_config,
     find_config_dir,
 )
 from capo_verl.compare.methods import METHODS
-from capo_verl.compare.outdir import prepare_out
+from capo_verl.compare.outdir import MARKER, prepare_out
 from capo_verl.compare.report import write_report
-from capo_verl.compare.running import evaluate, generate_heldout, run_method
+from capo_verl.compare.running import evaluate, generate_heldout, run_method, share_step0
+from capo_verl.compare.seeds import write_seeds_summary
+from capo_verl.compare.verdict import PlanError, StudyPlan, load_plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,8 +51,13 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+#: at most this many training seeds in one command: each is a folder of trained runs
+MAX_SEEDS = 100
+
+
 def _seed_list(text: str) -> list[int]:
-    """``--seeds``: comma-separated integers >= 0 and ranges ``a-b`` (inclusive), e.g. ``0,1,2`` or ``0-2,5``."""
+    """``--seeds``: comma-separated integers >= 0 and ranges ``a-b`` (inclusive), e.g. ``0,1,2`` or ``0-2,5``; at
+    most :data:`MAX_SEEDS` seeds."""
     seeds: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
@@ -58,8 +67,17 @@ def _seed_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{text!r}: give seeds as 0,1,2 or 0-2 (integers >= 0)") from None
         if first > last:
             raise argparse.ArgumentTypeError(f"{text!r}: range {part.strip()} runs backwards")
+        if len(seeds) + last - first + 1 > MAX_SEEDS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: more than {MAX_SEEDS} seeds; each trains every method, give at most {MAX_SEEDS} (e.g. 0-9)"
+            )
         seeds += range(first, last + 1)
     return seeds
+
+
+def _val_questions(text: str) -> int | str:
+    """``--val-questions``: an integer >= 1, or ``all``."""
+    return VAL_ALL if text == VAL_ALL else _at_least_one(text)
 
 
 #: what a training seed sets: verl's dataloader shuffle and the base of every rollout request's seed
@@ -118,13 +136,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--val-questions",
-        type=_at_least_one,
+        type=_val_questions,
         default=MIN_VAL_QUESTIONS,
+        metavar="N|all",
         help=f"validation problems the default config's data holds (default {MIN_VAL_QUESTIONS}); another number "
         "writes its data to its own default --data-dir (~/data/capo/compare_val<N>), and the held-out set is the "
-        "64 problems after them",
+        f"64 problems after them. 'all': every GSM8K test calculation outside the held-out set of "
+        f"--val-questions {VAL_ALL_HELDOUT_AFTER} whose expression is no training row's (~/data/capo/compare_valall)",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="PATH",
+        help="the study's plan file (YAML: methods, seeds, steps, co-primary endpoints with their margins, verdict "
+        "rule; capo_verl/compare/verdict.py): with --seeds, seeds_summary.md reads the endpoints and gives the "
+        "verdict by its rule; --methods must be the plan's and --seeds among the plan's",
+    )
+    p.add_argument(
+        "--share-step0",
+        action="store_true",
+        help="with --seeds: only the first method validates the base model before training; every other method of "
+        "the seed takes that pass (val_generations/0.jsonl, marked as shared) instead of validating the same "
+        "weights with the same rollout seeds again",
     )
     p.add_argument("--plot-only", action="store_true", help="only redraw figures and summary from existing logs")
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="write the data, convert the default model and draw and score the teacher-forced pool (--teacher-forced),"
+        " then stop before any training: what every later unit of a study shares, made once",
+    )
     p.add_argument("--no-eval", action="store_true", help="skip `capo-verl eval` of the final checkpoints")
     p.add_argument(
         "--eval-k", type=_at_least_one, default=8, help="samples per held-out problem in the evaluation (default 8)"
@@ -202,9 +243,11 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
     if args.teacher_forced is not None:  # recorded when asked for
         _check_teacher_forced(base, data_dir)
         settings["teacher_forced"] = args.teacher_forced
-    method_settings = {}
+    method_settings = {}  # --share-step0 is recorded in the methods' own overrides, not in what every seed shares
     for m in args.methods:
         own = list(METHODS[m].overrides)
+        if args.share_step0 and m != args.methods[0]:
+            own.append("++trainer.val_before_train=false")  # takes the first method's step-0 pass
         cfg = checked_config(f"method {m}", args.config, config_dir, own + overrides)
         method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
     val_n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
@@ -299,6 +342,35 @@ def _check_teacher_forced(cfg, data_dir: Path | None) -> None:
         raise UsageError(f"--teacher-forced needs checkpoints: trainer.save_freq is {cfg.trainer.save_freq}; set >= 1")
 
 
+def _check_plan(args: argparse.Namespace) -> StudyPlan | None:
+    """The study's plan file of ``--plan``, checked against the command (None without ``--plan``).
+
+    Raises:
+        UsageError: the plan file cannot be read, ``--plan`` without ``--seeds``, ``--methods`` not the plan's,
+            a seed not among the plan's, or ``--steps`` not the plan's.
+    """
+    if args.plan is None:
+        return None
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    if args.seeds is None:
+        raise UsageError(f"--plan reads a comparison across seeds; add --seeds (the plan's: {_seeds_text(plan.seeds)})")
+    if tuple(args.methods) != plan.methods:
+        raise UsageError(f"--methods {' '.join(args.methods)}: the plan compares --methods {' '.join(plan.methods)}")
+    extra = [k for k in args.seeds if k not in plan.seeds]
+    if extra:
+        raise UsageError(f"--seeds: seed {extra[0]} is not among the plan's seeds ({_seeds_text(plan.seeds)})")
+    if args.steps is not None and args.steps != plan.steps:
+        raise UsageError(f"--steps {args.steps}: the plan trains --steps {plan.steps}")
+    return plan
+
+
+def _seeds_text(seeds) -> str:
+    return ",".join(map(str, seeds))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``capo-verl compare``; returns the exit code: 0, 1 (a training or evaluation failed), 2 (refused),
     130 (stopped by Ctrl-C: the same command goes on)."""
@@ -308,15 +380,17 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_intermixed_args(argv)
         out = Path(args.out).expanduser().resolve()
         if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-            raise UsageError(f"--seeds lists a seed more than once: {','.join(map(str, args.seeds))}")
+            raise UsageError(f"--seeds lists a seed more than once: {_seeds_text(args.seeds)}")
+        if args.share_step0 and (args.seeds is None or len(args.methods) < 2):
+            raise UsageError("--share-step0 shares the first method's step-0 pass within a seed: add --seeds K")
+        study = _check_plan(args)
         if args.plot_only:
-            return _plot_only(out, args)
+            return _plot_only(out, args, study)
         # every seed's plan and folder is checked before anything is written or trained
         units = {None: out} if args.seeds is None else {k: out / f"seed{k}" for k in args.seeds}
         plan = make_plan(args)  # every method's config composed and checked once; the seeds' plans follow from it
         plans = {k: plan if k is None else seed_plan(plan, args, k) for k in units}
-        evaluated = not args.no_eval and plan.data_dir is not None
-        eval_k = args.eval_k if evaluated else None
+        eval_k = args.eval_k if not args.no_eval and plan.data_dir is not None else None
         if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
             prepare_out(out, {**plan.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
         for k, folder in units.items():
@@ -340,57 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     try:
-        eval_data = None
-        if plan.data_dir is not None:
-            from capo_verl.models import write_gsm8k_calc_parquet
-
-            write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=args.val_questions, n_test=64, seed=0)
-            eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
-            val_data = plan.data_dir / "gsm8k_calc_val.parquet"
-        if plan.default_model:
-            from capo_verl.models import smollm2_checkpoint
-
-            smollm2_checkpoint()  # converted on first use, into the folder the overrides name
-        pool_dir = None
-        if args.teacher_forced is not None:
-            pool_dir = teacher_forced.make_pool(
-                out,
-                val_data,
-                plan.model_path,
-                k=args.teacher_forced,
-                max_new_tokens=plan.max_new_tokens,
-                dtype=plan.dtype,
-            )
-        for k, folder in units.items():
-            if k is not None:
-                print(f"[compare] seed {k}: {folder}", flush=True)
-            for m in args.methods:
-                run_dir = run_method(
-                    m,
-                    folder,
-                    args.config,
-                    plans[k].config_dir,
-                    plans[k].overrides,
-                    settings=plans[k].method_settings[m],
-                )
-                # everything that needs the run's checkpoints, now: its small outputs are then complete without them
-                if pool_dir is not None:
-                    teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)
-                if evaluated:
-                    generate_heldout(
-                        run_dir, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
-                    )
-            if evaluated:
-                report = evaluate(
-                    folder, args.methods, eval_data, k=args.eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
-                )
-                print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
-            elif not args.no_eval:
-                print(
-                    "[compare] no held-out evaluation set for a custom --config: skipping `capo-verl eval`", flush=True
-                )
-            if k is not None:
-                write_report(folder, args.methods, n_boot=args.n_boot)
+        _train_units(args, out, plan, plans, units, eval_k)
+        if args.prepare_only:
+            print(f"[compare] prepared {out}: data, model and teacher-forced pool; nothing trained", flush=True)
+            return 0
     except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:
         print(f"capo-verl compare: {exc}", file=sys.stderr)
         return 1
@@ -401,36 +428,98 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+    _summarize(out, args, study)
+    return 0
+
+
+def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, units: dict, eval_k: int | None) -> None:
+    """Write the data, then per seed: train every method, score its checkpoints (``--teacher-forced``), generate on
+    the held-out set, and write the seed's report.
+
+    Raises:
+        RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError: a step failed.
+        KeyboardInterrupt: Ctrl-C, after the training has stopped.
+    """
+    if plan.data_dir is not None:
+        from capo_verl.models import write_gsm8k_calc_parquet
+
+        every = args.val_questions == VAL_ALL
+        n_val = VAL_ALL_HELDOUT_AFTER if every else args.val_questions
+        write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=n_val, n_test=64, seed=0, val_all=every)
+        eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
+        val_data = plan.data_dir / "gsm8k_calc_val.parquet"
+    if plan.default_model:
+        from capo_verl.models import smollm2_checkpoint
+
+        smollm2_checkpoint()  # converted on first use, into the folder the overrides name
+    pool_dir = None
+    if args.teacher_forced is not None:
+        pool_dir = teacher_forced.make_pool(
+            out, val_data, plan.model_path, k=args.teacher_forced, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
+        )
+    if args.prepare_only:
+        return
+    for k, folder in units.items():
+        if k is not None:
+            print(f"[compare] seed {k}: {folder}", flush=True)
+        for m in args.methods:
+            run_dir = run_method(
+                m, folder, args.config, plans[k].config_dir, plans[k].overrides, settings=plans[k].method_settings[m]
+            )
+            if args.share_step0 and m != args.methods[0]:
+                share_step0(folder / args.methods[0], run_dir)
+            # everything that needs the run's checkpoints, now: its small outputs are then complete without them
+            if pool_dir is not None:
+                teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)
+            if eval_k is not None:  # held-out generation seeded by the training seed
+                generate_heldout(
+                    run_dir, eval_data, k=eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype, seed=k or 0
+                )
+        if eval_k is not None:
+            report = evaluate(
+                folder, args.methods, eval_data, k=eval_k, max_new_tokens=plan.max_new_tokens, dtype=plan.dtype
+            )
+            print(f"[compare] held-out evaluation: {report / 'report.md'}", flush=True)
+        elif not args.no_eval:
+            print("[compare] no held-out evaluation set for a custom --config: skipping `capo-verl eval`", flush=True)
+        if k is not None:
+            write_report(folder, args.methods, n_boot=args.n_boot)
+
+
+def _summarize(out: Path, args: argparse.Namespace, study: StudyPlan | None) -> None:
+    """Write and print ``summary.md`` (one run per method) or ``seeds_summary.md`` (``--seeds``)."""
     if args.seeds is None:
         write_report(out, args.methods, n_boot=args.n_boot)
         print((out / "summary.md").read_text())
     else:
-        from capo_verl.compare.seeds import write_seeds_summary
-
-        write_seeds_summary(out, args.methods, args.seeds, n_boot=args.n_boot)
+        write_seeds_summary(out, args.methods, args.seeds, plan=study, n_boot=args.n_boot)
         print((out / "seeds_summary.md").read_text())
-    return 0
 
 
-def _plot_only(out: Path, args: argparse.Namespace) -> int:
-    """Redraw the report of existing runs (any folder: only the report's files are written).
+def _plot_only(out: Path, args: argparse.Namespace, study: StudyPlan | None) -> int:
+    """Redraw the report of existing runs in a folder compare made (or any folder, with ``--reuse-out``): only the
+    report's files are written.
 
     Raises:
-        UsageError: ``out`` or a method's logs are missing.
+        UsageError: ``out`` is not a folder, compare did not make it (no marker) and ``--reuse-out`` is not given, or
+            a method's logs are missing.
     """
     if not out.is_dir():
         raise UsageError(f"--plot-only: --out {out} is not a folder")
+    folders = [out] if args.seeds is None else [out, *(out / f"seed{k}" for k in args.seeds)]
+    unmarked = [f for f in folders if f.is_dir() and not (f / MARKER).is_file()]
+    if unmarked and not args.reuse_out:
+        raise UsageError(
+            f"--plot-only: {unmarked[0]} was not made by capo-verl compare (no {MARKER}): its summary files would be "
+            "overwritten; add --reuse-out to write them there anyway"
+        )
     try:
-        if args.seeds is None:
-            write_report(out, args.methods, n_boot=args.n_boot)
-            print((out / "summary.md").read_text())
-        else:
-            from capo_verl.compare.seeds import write_seeds_summary
-
+        if args.seeds is not None:
             for k in args.seeds:
                 write_report(out / f"seed{k}", args.methods, n_boot=args.n_boot)
-            write_seeds_summary(out, args.methods, args.seeds, n_boot=args.n_boot)
-            print((out / "seeds_summary.md").read_text())
+        _summarize(out, args, study)
     except FileNotFoundError as exc:
         raise UsageError(f"--plot-only: {exc}") from exc
+    except PlanError as exc:
+        raise UsageError(str(exc)) from exc
     return 0

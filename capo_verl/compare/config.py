@@ -21,6 +21,10 @@ DEFAULT_CONFIG = "compare_smollm2_135m_cpu"
 #: number writes its data to a folder of its own). MIN_VAL_SAMPLES: samples per question (``val_kwargs.n``) below
 #: which ``capo-verl compare`` warns that a per-question AUC gets few answers.
 MIN_VAL_QUESTIONS, MIN_VAL_SAMPLES = 64, 8
+#: ``--val-questions all``: every GSM8K test calculation outside the held-out set that ``--val-questions
+#: VAL_ALL_HELDOUT_AFTER`` has (the 64 problems after the first 256 of the shuffled slice), less those whose
+#: expression is also a training row's
+VAL_ALL, VAL_ALL_HELDOUT_AFTER = "all", 256
 
 
 class UsageError(Exception):

@@ -27,8 +27,27 @@ REPORT_OUTPUTS = (
 )
 
 
+def validation_dump(folder: Path, step: int) -> Path:
+    """``<folder>/<step>.jsonl``, or ``<step>.jsonl.gz`` where only the compressed one exists (a committed unit's
+    dumps are kept compressed: ``benchmarks/collect_compare.py --gzip-dumps``)."""
+    plain = folder / f"{step}.jsonl"
+    gz = folder / f"{step}.jsonl.gz"
+    return gz if gz.exists() and not plain.exists() else plain
+
+
+def dump_lines(path: Path) -> list[str]:
+    """The lines of a validation dump, plain or gzip-compressed (``.gz``)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt") as f:
+            return f.read().splitlines()
+    return path.read_text().splitlines()
+
+
 def read_validation_pass(path: Path) -> ValidationPass:
-    """Read verl's validation dump (``trainer.validation_data_dir``/<step>.jsonl, one line per sample).
+    """Read verl's validation dump (``trainer.validation_data_dir``/<step>.jsonl, one line per sample; or its
+    gzip-compressed ``<step>.jsonl.gz``).
 
     Needs the fields ``input`` (prompt text: the question key), ``lpm`` (added by capo_verl.compat.validation) and
     ``acc`` (the reward's correctness) or else ``score`` (> 0.5 = correct).
@@ -37,24 +56,23 @@ def read_validation_pass(path: Path) -> ValidationPass:
         ValueError: a line without ``lpm``, or no line at all.
     """
     groups: dict[str, tuple[list[float], list[bool]]] = {}
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if row.get("lpm") is None:
-                raise ValueError(
-                    f"{path}: a validation sample has no 'lpm' (actor_rollout_ref.rollout.calculate_log_probs)"
-                )
-            outcome = row["acc"] if "acc" in row else row["score"]
-            lp, c = groups.setdefault(str(row["input"]), ([], []))
-            lp.append(float(row["lpm"]))
-            c.append(float(outcome) > 0.5)
+    for line in dump_lines(path):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if row.get("lpm") is None:
+            raise ValueError(
+                f"{path}: a validation sample has no 'lpm' (actor_rollout_ref.rollout.calculate_log_probs)"
+            )
+        outcome = row["acc"] if "acc" in row else row["score"]
+        lp, c = groups.setdefault(str(row["input"]), ([], []))
+        lp.append(float(row["lpm"]))
+        c.append(float(outcome) > 0.5)
     if not groups:
         raise ValueError(f"{path}: no validation samples")
     keys = sorted(groups)
     return ValidationPass(
-        step=int(path.stem),
+        step=int(path.name.split(".")[0]),
         questions=keys,
         lpm=[np.asarray(groups[k][0], dtype=np.float64) for k in keys],
         correct=[np.asarray(groups[k][1], dtype=bool) for k in keys],
@@ -88,8 +106,8 @@ def series(steps: dict[int, dict], key_suffix: str, prefix: str = "") -> tuple[l
 def validation_passes(run_dir: Path) -> list[ValidationPass]:
     """Every validation dump of a method, by step."""
     folder = run_dir / "val_generations"
-    files = sorted(folder.glob("*.jsonl"), key=lambda p: int(p.stem)) if folder.exists() else []
-    return [read_validation_pass(p) for p in files]
+    steps = {int(p.name.split(".")[0]) for p in folder.glob("*.jsonl*") if p.name.split(".")[0].isdigit()}
+    return [read_validation_pass(validation_dump(folder, step)) for step in sorted(steps)] if folder.exists() else []
 
 
 def _fmt_ci(value, ci, pct=False) -> str:

@@ -219,14 +219,50 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
     )
 
 
-def generate_heldout(run_dir: Path, eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16") -> Path:
+#: marks a run's ``val_generations/0.jsonl`` as the first method's step-0 pass (``compare --share-step0``)
+SHARED_STEP0 = "0.shared.json"
+
+
+def share_step0(base_dir: Path, run_dir: Path) -> Path:
+    """Give a run that did not validate before training (``trainer.val_before_train=false``) the step-0 pass of
+    ``base_dir``, the seed's first method: the same base weights, data and rollout seeds. Copies
+    ``<base>/val_generations/0.jsonl`` to ``<run>/val_generations/0.jsonl`` and records where it came from, with
+    its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`); nothing to do when both are
+    there. Returns the copied file.
+
+    Raises:
+        FileNotFoundError: the first method has no step-0 pass.
+        RuntimeError: the run holds a step-0 pass of its own (it validated before training).
+    """
+    import hashlib
+
+    source, target = base_dir / "val_generations" / "0.jsonl", run_dir / "val_generations" / "0.jsonl"
+    marker = target.parent / SHARED_STEP0
+    if target.exists() and marker.exists():
+        return target
+    if target.exists():
+        raise RuntimeError(f"{target}: the run validated step 0 itself; it cannot also take {source}")
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: the seed's first method has no step-0 validation pass to share")
+    data = source.read_bytes()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    record = {"from": f"{base_dir.name}/val_generations/0.jsonl", "sha256": hashlib.sha256(data).hexdigest()}
+    marker.write_text(json.dumps(record, indent=1) + "\n")
+    logger.info("%s: step-0 validation pass taken from %s", run_dir.name, source)
+    return target
+
+
+def generate_heldout(
+    run_dir: Path, eval_data: Path, *, k: int, max_new_tokens: int, dtype: str = "bfloat16", seed: int = 0
+) -> Path:
     """``capo-verl eval generate`` of a finished run's final checkpoint on the held-out set, unless its ``eval_done``
     exists; returns ``<run>/eval_generations.jsonl``.
 
     compare calls it as soon as the run finished (and its checkpoints were scored), so that the run's small outputs
     are complete without its checkpoints: a unit copied to another machine without ``ckpt/`` is never trained again.
     ``dtype``: the weights' precision in vLLM (compare passes the training rollout's,
-    ``actor_rollout_ref.rollout.dtype``).
+    ``actor_rollout_ref.rollout.dtype``). ``seed``: the sampling seed (compare passes the training seed).
 
     Raises:
         FileNotFoundError: no ``eval_done`` and no final checkpoint with Hugging Face weights.
@@ -243,7 +279,7 @@ def generate_heldout(run_dir: Path, eval_data: Path, *, k: int, max_new_tokens: 
     model = final_hf_checkpoint(run_dir)
     cmd = [
         sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", str(model), "--data", str(eval_data),
-        "-k", str(k), "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", "0",
+        "-k", str(k), "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", str(seed),
         "--dtype", dtype, "--no-progress", "--out", str(target),
     ]  # fmt: skip
     logger.info("%s: eval generate on %s (k=%d)", run_dir.name, eval_data.name, k)

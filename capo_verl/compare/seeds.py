@@ -29,13 +29,18 @@ measure is per question; entropy has one value per seed, so its bootstrap resamp
   checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.metrics.per_group_pass_at_k`);
   beside them, not among the plan's endpoints, the held-out AUC-mean of lpm vs correctness and the accuracy of
   perplexity-consistency inference-time scaling (paper Algorithm 1, :func:`capo_verl.metrics.its_credit`);
-- ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps, one value per seed.
+- ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps (or the plan's
+  ``entropy_last_steps``), one value per seed;
+- the share of steps whose ``actor/grad_norm`` exceeded the run's ``actor.grad_clip``, one value per seed;
+- the mean over steps of ``capo/adv_mean_correct`` and ``capo/adv_mean_incorrect``, one value per seed;
+- the AUC-mean at the last pass over the questions mixed under both methods of a seed
+  (``differences[...]["auc_mean"]["both_mixed"]``).
 
 The two step-0 passes of a seed (every method validates the same base weights with the same rollout seeds) are
 compared as a measure of the engine's pass-to-pass noise (:func:`step0_agreement`).
 
-The co-primary endpoints (calibration, stability, accuracy) with their margins and the verdict rule that pilot 2
-fixed before its units are read by :mod:`capo_verl.compare.verdict` into ``summary["co_primary"]``.
+A study's co-primary endpoints, margins and verdict rule come from its plan file (``compare --plan``,
+:mod:`capo_verl.compare.verdict`) and are read into ``summary["co_primary"]``; without a plan the summary reads none.
 
 ``seeds_summary.json`` holds the summary; its Markdown, ``seeds_summary.md``, is written by
 :mod:`capo_verl.compare.seeds_markdown`, and ``seeds_curves.png`` (every seed's curve, thin, and their mean, bold, per
@@ -52,24 +57,21 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl.compare.report import read_metrics, series, validation_passes
+from capo_verl.compare.report import dump_lines, read_metrics, series, validation_dump, validation_passes
+from capo_verl.compare.running import SHARED_STEP0
+from capo_verl.compare.seeds_figure import seeds_curves
+from capo_verl.compare.seeds_markdown import seeds_markdown
 from capo_verl.compare.statistics import (
-    EQUIVALENCE_MARGIN,
+    MEASURES,
     hierarchical_bootstrap_diff,
+    nanmean,
+    nanmean_rows,
     seed_t_interval,
 )
+from capo_verl.compare.verdict import StudyPlan, co_primary
 
-#: per-question measures: name -> (label, index into ValidationPass.per_question())
-MEASURES = {"auc_mean": ("validation AUC-mean", 1), "accuracy": ("validation accuracy (mean@k)", 0)}
-#: ``actor/entropy`` is averaged over this many last logged steps of each run
+#: ``actor/entropy`` is averaged over this many last logged steps of each run, unless a plan file says otherwise
 ENTROPY_LAST_STEPS = 5
-#: accuracy at the last pass below this (t-interval's high end) qualifies a calibration result (docs/compare.md)
-ACCURACY_DROP = -0.02
-
-
-def _nanmean(x) -> float:
-    """Mean of the defined (non-NaN) entries of a 1-d array; NaN, without a warning, when there is none."""
-    return _nanmean_rows(np.asarray(x, dtype=np.float64)[None])[0]
 
 
 def _rows(x) -> np.ndarray:
@@ -82,7 +84,7 @@ def _difference(a, b, *, level: float, n_boot: int) -> dict:
     """``a - b`` paired by seed (and question): per-seed values, the t-interval over seeds and the two-level
     bootstrap interval (:mod:`capo_verl.compare.statistics`)."""
     return {
-        "per_seed": [x - y for x, y in zip(_nanmean_rows(_rows(a)), _nanmean_rows(_rows(b)))],
+        "per_seed": [x - y for x, y in zip(nanmean_rows(_rows(a)), nanmean_rows(_rows(b)))],
         "t_interval": seed_t_interval(a, b, level=level),
         "hierarchical_bootstrap": hierarchical_bootstrap_diff(a, b, n_boot=n_boot, level=level),
     }
@@ -137,21 +139,33 @@ def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict
     return {"values": values, "steps": steps, "n_questions": len(questions or [])}
 
 
-def _nanmean_rows(x: np.ndarray) -> list[float]:
-    with np.errstate(invalid="ignore"):
-        return [float(np.nanmean(row)) if np.isfinite(row).any() else float("nan") for row in x]
-
-
 def write_seeds_summary(
-    out: Path, methods: list[str], seeds: list[int], *, level: float = 0.95, n_boot: int = 2000
+    out: Path,
+    methods: list[str],
+    seeds: list[int],
+    *,
+    plan: StudyPlan | None = None,
+    level: float = 0.95,
+    n_boot: int = 2000,
 ) -> dict:
-    """``<out>/seeds_summary.json`` and ``seeds_summary.md``; returns the summary dict.
+    """``<out>/seeds_summary.json``, ``seeds_summary.md`` and ``seeds_curves.png``; returns the summary dict.
+
+    Args:
+        out: the folder holding ``seed<k>/<method>/`` for every seed and method.
+        methods: the methods, the first the base of every difference. seeds: the training seeds.
+        plan: the study's plan file (:func:`capo_verl.compare.verdict.load_plan`): its co-primary endpoints and
+            verdict rule are read into ``summary["co_primary"]``, its ``level`` and ``entropy_last_steps`` used.
+            None: differences and intervals only, no reading.
+        level: the intervals' coverage (the plan's, when given). n_boot: bootstrap resamples.
 
     Raises:
         FileNotFoundError, ValueError: see :func:`per_question_values`; ValueError also when a seed has no defined
-            value of a measure at the last pass for a method (no mixed question at that pass: the primary endpoint
-            is undefined).
+            value of a measure at the last pass for a method (no mixed question at that pass).
+        capo_verl.compare.verdict.PlanError: ``methods`` are not the plan's.
     """
+    if plan is not None:
+        level = plan.level
+    last_steps = ENTROPY_LAST_STEPS if plan is None else plan.entropy_last_steps
     data = per_question_values(out, methods, seeds)
     values, base = data["values"], methods[0]
     summary: dict = {
@@ -163,7 +177,7 @@ def write_seeds_summary(
         "steps": data["steps"],
         "per_seed": {
             m: {
-                measure: {which: _nanmean_rows(values[m][measure][which]) for which in ("first", "last")}
+                measure: {which: nanmean_rows(values[m][measure][which]) for which in ("first", "last")}
                 for measure in MEASURES
             }
             for m in methods
@@ -183,53 +197,29 @@ def write_seeds_summary(
                     a_change, b_change, names=(m, base), seeds=seeds, level=level, n_boot=n_boot
                 ),
             }
+        # secondary: the AUC-mean over the questions mixed at the last pass under both methods of the seed
+        both = ~np.isnan(values[m]["auc_mean"]["last"]) & ~np.isnan(values[base]["auc_mean"]["last"])
+        entry["auc_mean"]["both_mixed"] = _defined_difference(
+            np.where(both, values[m]["auc_mean"]["last"], np.nan),
+            np.where(both, values[base]["auc_mean"]["last"], np.nan),
+            names=(m, base),
+            seeds=seeds,
+            level=level,
+            n_boot=n_boot,
+        )
+        entry["auc_mean"]["both_mixed"]["n_questions"] = both.sum(axis=1).tolist()
         summary["differences"][f"{m} - {base}"] = entry
-    summary["primary"] = {name: primary_reading(entry, level=level) for name, entry in summary["differences"].items()}
-    summary["secondary"] = secondary_summary(out, methods, seeds, level=level, n_boot=n_boot)
-    summary["step0_agreement"] = step0_agreement(out, methods, seeds)
-    from capo_verl.compare.verdict import co_primary  # it reads this summary's differences and entropy block
-
-    summary["co_primary"] = co_primary(summary)
-    (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    # the Markdown and the figure are modules of their own that read this one's values
-    from capo_verl.compare.seeds_figure import seeds_curves
-    from capo_verl.compare.seeds_markdown import seeds_markdown
-
-    (out / "seeds_summary.md").write_text(seeds_markdown(summary))
-    seeds_curves(out, methods, seeds)
-    return summary
-
-
-def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MARGIN) -> dict:
-    """The plan's reading of the primary endpoint (docs/compare.md, "Reading the primary endpoint" and "Sizing"):
-    the validation AUC-mean at the last pass, method minus base, with its Student-t interval over seeds.
-
-    Args:
-        entry: one ``summary["differences"][name]`` of :func:`write_seeds_summary`.
-        level: the interval's coverage. margin: AUC-mean margin (0.03).
-
-    Returns:
-        ``{"reading"}`` (:func:`capo_verl.compare.statistics.read_interval` of the t-interval), ``"half_width"``
-        reached, between-seed ``"sd"``, ``"seeds_needed"`` for a half-width of ``margin`` at that sd (None with
-        one seed), ``"accuracy_lower"`` (the accuracy t-interval at the last pass lies below
-        :data:`ACCURACY_DROP`), and ``"margin"``.
-    """
-    from dataclasses import replace
-
-    from capo_verl.compare.verdict import ENDPOINTS, read_endpoint  # the same reading as pilot 2's calibration
-
-    r = read_endpoint(
-        entry["auc_mean"]["last"]["t_interval"], replace(ENDPOINTS[0], margin=margin), m="", base="", level=level
+    summary["secondary"] = secondary_summary(
+        out, methods, seeds, level=level, n_boot=n_boot, entropy_last_steps=last_steps
     )
-    acc = entry["accuracy"]["last"]["t_interval"]
-    return {
-        "reading": r["reading"],
-        "half_width": r["half_width"],
-        "sd": r["sd"],
-        "seeds_needed": r["seeds_needed"],
-        "accuracy_lower": bool(acc["high"] < ACCURACY_DROP),
-        "margin": margin,
-    }
+    summary["step0_agreement"] = step0_agreement(out, methods, seeds)
+    if plan is not None:
+        summary["plan"] = {"study": plan.study, "file": plan.path.name}
+        summary["co_primary"] = co_primary(summary, plan)
+    (out / "seeds_summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    (out / "seeds_summary.md").write_text(seeds_markdown(summary, plan))
+    seeds_curves(out, methods, seeds, teacher_forced_values(out, methods, seeds))
+    return summary
 
 
 # ----------------------------------------------------------------------------------------- step-0 agreement
@@ -238,7 +228,7 @@ def primary_reading(entry: dict, *, level: float, margin: float = EQUIVALENCE_MA
 def _texts(path: Path) -> dict[str, Counter] | None:
     """``{question: Counter(response text)}`` of a validation dump, or None when it has no ``output`` texts."""
     by_q: dict[str, Counter] = {}
-    for line in path.read_text().splitlines():
+    for line in dump_lines(path):
         if line.strip():
             row = json.loads(line)
             if "output" not in row:
@@ -275,19 +265,23 @@ def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | N
     :func:`write_seeds_summary`'s ``per_seed``.
 
     Returns:
-        ``{"m - base": [S] identical fractions in [0, 1]}``, or None unless every run of every seed has a
+        ``{"m - base": [S] identical fractions in [0, 1], None for a seed whose method took the base's pass
+        (``compare --share-step0``: nothing to compare)}``, or None unless every run of every seed has a
         ``val_generations/0.jsonl`` with the response texts (``output``).
 
     Raises:
         ValueError: two step-0 passes of a seed validated other questions (not the same validation set).
     """
-    files = {(k, m): out / f"seed{k}" / m / "val_generations" / "0.jsonl" for k in seeds for m in methods}
+    files = {(k, m): validation_dump(out / f"seed{k}" / m / "val_generations", 0) for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):
         return None
     result = {}
     for m in methods[1:]:
         result[f"{m} - {methods[0]}"] = fractions = []
         for k in seeds:
+            if (files[(k, m)].parent / SHARED_STEP0).exists():
+                fractions.append(None)
+                continue
             try:
                 value = pass_agreement(files[(k, methods[0])], files[(k, m)])
             except ValueError:
@@ -392,22 +386,61 @@ def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | No
     return {"ks": ks, "n_questions": int(len(questions)), "values": values, "auc": auc, "its": its}
 
 
-def entropy_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
-    """``{method: (S,) float64}``: each run's mean ``actor/entropy`` (nats) over its last
-    :data:`ENTROPY_LAST_STEPS` logged steps; None when a run logged none."""
+def entropy_values(
+    out: Path, methods: list[str], seeds: list[int], last_steps: int = ENTROPY_LAST_STEPS
+) -> dict | None:
+    """``{method: (S,) float64}``: each run's mean ``actor/entropy`` (nats) over its last ``last_steps`` logged
+    steps; None when a run logged none."""
+    return _step_metric_values(out, methods, seeds, "actor/entropy", lambda ys, _: float(np.mean(ys[-last_steps:])))
+
+
+def grad_clip_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """``{method: (S,) float64}``: each run's share of steps whose ``actor/grad_norm`` (the norm before clipping,
+    verl's ``clip_grad_norm_``) exceeded ``actor_rollout_ref.actor.grad_clip`` of its recorded config
+    (``done.json``), so that the step was scaled down; None when a run logged no grad norm or has no record."""
+
+    def share(ys: list[float], run: Path) -> float:
+        composed = json.loads((run / "done.json").read_text())["settings"]["composed"]
+        clip = float(composed["actor_rollout_ref"]["actor"]["grad_clip"])
+        return float(np.mean(np.asarray(ys) > clip))
+
+    if not all((out / f"seed{k}" / m / "done.json").exists() for k in seeds for m in methods):
+        return None
+    return _step_metric_values(out, methods, seeds, "actor/grad_norm", share)
+
+
+def advantage_values(out: Path, methods: list[str], seeds: list[int], outcome: str) -> dict | None:
+    """``{method: (S,) float64}``: each run's mean over its steps of ``capo/adv_mean_<outcome>`` (``correct`` or
+    ``incorrect``: the mean sequence advantage of the step's responses of that outcome,
+    :func:`capo_verl.metrics.capo_step_metrics`); None when a run logged none."""
+    return _step_metric_values(out, methods, seeds, f"capo/adv_mean_{outcome}", lambda ys, _: float(np.mean(ys)))
+
+
+def _step_metric_values(out: Path, methods: list[str], seeds: list[int], key: str, reduce) -> dict | None:
+    """``{method: (S,) float64}`` of ``reduce(values of key over the logged steps, run folder)`` per run; None when
+    a run logged no ``key``."""
     values = {}
     for m in methods:
         row = []
         for k in seeds:
-            _, ys = series(read_metrics(out / f"seed{k}" / m / "metrics.jsonl"), "actor/entropy")
+            run = out / f"seed{k}" / m
+            _, ys = series(read_metrics(run / "metrics.jsonl"), key)
             if not ys:
                 return None
-            row.append(float(np.mean(ys[-ENTROPY_LAST_STEPS:])))
-        values[m] = np.asarray(row)
+            row.append(reduce(ys, run))
+        values[m] = np.asarray(row, dtype=np.float64)
     return values
 
 
-def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level: float, n_boot: int) -> dict:
+def secondary_summary(
+    out: Path,
+    methods: list[str],
+    seeds: list[int],
+    *,
+    level: float,
+    n_boot: int,
+    entropy_last_steps: int = ENTROPY_LAST_STEPS,
+) -> dict:
     """``{measure: {"label", "rows": {row: {"per_seed": {method: [S floats]}, "differences": {"m - base":
     _difference}}}}}`` for the secondary measures whose files exist (see the module doc)."""
     base = methods[0]
@@ -417,7 +450,7 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
             "label": label,
             "rows": {
                 row: {
-                    "per_seed": {m: _nanmean_rows(_rows(by_method[m])) for m in methods},
+                    "per_seed": {m: nanmean_rows(_rows(by_method[m])) for m in methods},
                     "differences": {
                         f"{m} - {base}": _defined_difference(
                             by_method[m], by_method[base], names=(m, base), seeds=seeds, level=level, n_boot=n_boot
@@ -436,7 +469,7 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
         out_["teacher_forced_auc_mean"] = block(
             f"teacher-forced AUC-mean (fixed base-model pool, {tf['n_questions']} questions)", rows
         )
-        out_["teacher_forced_auc_mean"]["step0"] = _nanmean(tf["values"][base][0][0])
+        out_["teacher_forced_auc_mean"]["step0"] = nanmean(tf["values"][base][0][0])
     held = heldout_values(out, methods, seeds)
     if held is not None:
         rows = {f"pass@{kk}": {m: held["values"][m][kk] for m in methods} for kk in held["ks"]}
@@ -448,7 +481,19 @@ def secondary_summary(out: Path, methods: list[str], seeds: list[int], *, level:
             "reported beside the plan's endpoints)",
             {"AUC-mean": held["auc"], "ITS accuracy, perplexity consistency": held["its"]},
         )
-    ent = entropy_values(out, methods, seeds)
+    ent = entropy_values(out, methods, seeds, entropy_last_steps)
     if ent is not None:
-        out_["entropy"] = block(f"actor/entropy (nats), mean of the last {ENTROPY_LAST_STEPS} steps", {"entropy": ent})
+        out_["entropy"] = block(f"actor/entropy (nats), mean of the last {entropy_last_steps} steps", {"entropy": ent})
+    clipped = grad_clip_values(out, methods, seeds)
+    if clipped is not None:
+        out_["grad_clipped"] = block(
+            "share of steps whose grad norm exceeded actor.grad_clip (the update was scaled down)",
+            {"share of steps": clipped},
+        )
+    adv = {o: advantage_values(out, methods, seeds, o) for o in ("correct", "incorrect")}
+    if all(v is not None for v in adv.values()):
+        out_["advantage_by_outcome"] = block(
+            "mean sequence advantage of the step's correct and incorrect responses, mean over steps",
+            {f"{o} responses": v for o, v in adv.items()},
+        )
     return out_

@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 
 from capo_verl.compare.report import read_metrics, series, validation_passes
-from capo_verl.compare.seeds import _nanmean, teacher_forced_values
+from capo_verl.compare.statistics import nanmean
 
 
-def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
+def seeds_curves(out: Path, methods: list[str], seeds: list[int], tf: dict | None) -> Path:
     """``<out>/seeds_curves.png``: per method, every seed's curve (thin) and their mean over seeds (bold) of the
-    sampled validation AUC-mean and accuracy, the teacher-forced AUC-mean (when scored) and ``actor/entropy``."""
+    sampled validation AUC-mean and accuracy, the teacher-forced AUC-mean (``tf``: the values of
+    :func:`capo_verl.compare.seeds.teacher_forced_values`, None when not scored) and ``actor/entropy``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tf = teacher_forced_values(out, methods, seeds)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     panels = {
         "sampled validation AUC-mean": axes[0, 0],
@@ -36,10 +36,10 @@ def seeds_curves(out: Path, methods: list[str], seeds: list[int]) -> Path:
             passes = validation_passes(run)
             per_q = [vp.per_question() for vp in passes]
             steps = [vp.step for vp in passes]
-            curves["sampled validation AUC-mean"].append((steps, [_nanmean(q[1]) for q in per_q]))
+            curves["sampled validation AUC-mean"].append((steps, [nanmean(q[1]) for q in per_q]))
             curves["validation accuracy (mean@k)"].append((steps, [float(np.mean(q[0])) for q in per_q]))
             if tf is not None:
-                ys = [_nanmean(tf["values"][m][st][seeds.index(k)]) for st in tf["steps"]]
+                ys = [nanmean(tf["values"][m][st][seeds.index(k)]) for st in tf["steps"]]
                 curves["teacher-forced AUC-mean (fixed pool)"].append((tf["steps"], ys))
             curves["actor/entropy (nats)"].append(series(read_metrics(run / "metrics.jsonl"), "actor/entropy"))
         for name, ax in panels.items():

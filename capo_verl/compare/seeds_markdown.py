@@ -7,7 +7,15 @@ import math
 
 import numpy as np
 
-from capo_verl.compare.seeds import MEASURES
+from capo_verl.compare.statistics import MEASURES
+from capo_verl.compare.verdict import StudyPlan
+
+#: the rows of each measure's difference table: key in the summary -> text
+_ROWS = (
+    ("last", "at the last pass"),
+    ("change", "change from the first pass"),
+    ("both_mixed", "at the last pass, questions mixed under both methods"),
+)
 
 
 def _fmt(x, signed: bool = True) -> str:
@@ -16,8 +24,9 @@ def _fmt(x, signed: bool = True) -> str:
     return f"{x:+.3f}" if signed else f"{x:.3f}"
 
 
-def seeds_markdown(summary: dict) -> str:
-    """``seeds_summary.md``: the summary dict of :func:`capo_verl.compare.seeds.write_seeds_summary` as Markdown."""
+def seeds_markdown(summary: dict, plan: StudyPlan | None = None) -> str:
+    """``seeds_summary.md``: the summary dict of :func:`capo_verl.compare.seeds.write_seeds_summary` as Markdown,
+    with the co-primary endpoints and verdict of ``plan`` (its plan file) where given."""
     seeds, methods = summary["seeds"], summary["methods"]
     pct = f"{100 * summary['level']:.0f}%"
     lines = [
@@ -28,27 +37,7 @@ def seeds_markdown(summary: dict) -> str:
         "resamples).",
         "",
     ]
-    lines += [
-        f"## Primary endpoint: validation AUC-mean at the last pass ({pct} t-interval over seeds)",
-        "",
-        "Read as fixed in docs/compare.md before the decisive comparison ran: above 0, below 0, inside the margin "
-        "(no difference as large as the margin), or no decision. The seeds needed are those at which the "
-        "t-interval's half-width reaches the margin, at the spread between seeds measured here.",
-        "",
-        "| difference | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin | "
-        "accuracy clearly lower |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, p in summary.get("primary", {}).items():
-        t = summary["differences"][name]["auc_mean"]["last"]["t_interval"]
-        lines.append(
-            f"| {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, {_fmt(t['high'])}] | {p['reading']} "
-            f"(margin {p['margin']:g}) | {_fmt(p['half_width'], False)} | {_fmt(p['sd'], False)} | "
-            f"{p['seeds_needed'] if p['seeds_needed'] is not None else 'n/a'} | "
-            f"{'yes' if p['accuracy_lower'] else 'no'} |"
-        )
-    lines.append("")
-    lines += _co_primary_lines(summary, pct)
+    lines += _co_primary_lines(summary, plan, pct)
     for measure, (label, _) in MEASURES.items():
         lines += [f"## {label}", "", "| seed | " + " | ".join(f"{m}: first -> last" for m in methods) + " |"]
         lines.append("|---|" + "---|" * len(methods))
@@ -64,8 +53,12 @@ def seeds_markdown(summary: dict) -> str:
             "|---|---|---|---|---|",
         ]
         for name, entry in summary["differences"].items():
-            for what, text in (("last", "at the last pass"), ("change", "change from the first pass")):
+            for what, text in _ROWS:
+                if what not in entry[measure]:
+                    continue
                 e = entry[measure][what]
+                if "n_questions" in e:
+                    text += f" ({', '.join(map(str, e['n_questions']))} per seed)"
                 if "undefined" in e:
                     lines.append(f"| {name}, {text} | n/a: {e['undefined']} | | | |")
                     continue
@@ -93,7 +86,8 @@ def seeds_markdown(summary: dict) -> str:
             for i, k in enumerate(seeds):
                 fractions = agreement[name]
                 auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
-                lines.append(f"| {name} | {k} | {100 * fractions[i]:.1f}% | {', '.join(auc)} | {', '.join(acc)} |")
+                same = "shared" if fractions[i] is None else f"{100 * fractions[i]:.1f}%"
+                lines.append(f"| {name} | {k} | {same} | {', '.join(auc)} | {', '.join(acc)} |")
         lines.append("")
     for block in summary.get("secondary", {}).values():
         lines += [f"## {block['label']}", ""]
@@ -120,32 +114,30 @@ def seeds_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _co_primary_lines(summary: dict, pct: str) -> list[str]:
-    """The co-primary endpoints and the verdict (:mod:`capo_verl.compare.verdict`)."""
-    from capo_verl.compare.verdict import ENDPOINTS
-
-    if not summary.get("co_primary"):
+def _co_primary_lines(summary: dict, plan: StudyPlan | None, pct: str) -> list[str]:
+    """The co-primary endpoints and the verdict by the plan's rule (:mod:`capo_verl.compare.verdict`)."""
+    if plan is None or not summary.get("co_primary"):
         return []
-    labels = {e.key: e.label for e in ENDPOINTS}
+    rule = "; ".join(c.describe() for c in plan.contradicts_if_any)
+    supports = "; ".join(c.describe() for c in plan.supports_if_all)
     lines = [
         f"## Co-primary endpoints and verdict ({pct} t-interval over seeds)",
         "",
-        "The endpoints, margins and verdict rule of docs/results/pilot2.md: the verdict *supports* the paper's claim "
-        "when calibration reads better for the method, its accuracy is not lower and its entropy not higher; it "
-        "*contradicts* it when calibration reads worse or no difference as large as the margin, or the accuracy "
-        "interval lies below minus its margin.",
+        f"The endpoints, margins and verdict rule of {plan.study}'s plan file (`{plan.path.name}`): the verdict "
+        f"*contradicts* the paper's claim when any of these holds: {rule}; else it *supports* it when all of these "
+        f"hold: {supports}; else *no decision*.",
         "",
         "| difference | endpoint | mean | t-interval | reading | half-width | sd over seeds | seeds for the margin |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in summary["co_primary"].items():
-        for key, r in entry["endpoints"].items():
+        for r in entry["endpoints"].values():
             if "mean" not in r:
-                lines.append(f"| {name} | {labels[key]} | n/a | | {r['words']} | | | |")
+                lines.append(f"| {name} | {r['label']} | n/a | | {r['words']} | | | |")
                 continue
             needed = r["seeds_needed"] if r["seeds_needed"] is not None else "n/a"
             lines.append(
-                f"| {name} | {labels[key]} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
+                f"| {name} | {r['label']} | {_fmt(r['mean'])} | [{_fmt(r['low'])}, {_fmt(r['high'])}] | "
                 f"{r['words']} (margin {r['margin']:g}) | {_fmt(r['half_width'], False)} | {_fmt(r['sd'], False)} | "
                 f"{needed} |"
             )

@@ -2,7 +2,7 @@
 bootstrap intervals over questions; the difference of two methods resamples the same questions for both (paired).
 Across training seeds, a paired difference with a two-level bootstrap (seeds, then questions within each seed) and a
 Student-t interval over seeds (:func:`hierarchical_bootstrap_diff`, :func:`seed_t_interval`, :func:`t_quantile`),
-the decisive comparison's reading of an interval and its sizing rule (:func:`read_interval`,
+the reading of an interval against a margin and the sizing rule (:func:`read_interval`,
 :func:`seeds_for_half_width`)."""
 
 from __future__ import annotations
@@ -17,6 +17,20 @@ from capo_verl.metrics import auc_mean
 
 #: AUC-mean over fewer mixed questions than this is reported as "too few to judge"
 MIN_MIXED_QUESTIONS = 20
+#: per-question measures of a validation pass: name -> (label, index into ValidationPass.per_question())
+MEASURES = {"auc_mean": ("validation AUC-mean", 1), "accuracy": ("validation accuracy (mean@k)", 0)}
+
+
+def nanmean_rows(x) -> list[float]:
+    """Per row of a 2-d float array, the mean of its defined (non-NaN) entries; NaN, without a warning, for a row
+    with none."""
+    with np.errstate(invalid="ignore"):
+        return [float(np.nanmean(row)) if np.isfinite(row).any() else float("nan") for row in np.asarray(x)]
+
+
+def nanmean(x) -> float:
+    """Mean of the defined (non-NaN) entries of a 1-d array; NaN, without a warning, when there is none."""
+    return nanmean_rows(np.asarray(x, dtype=np.float64)[None])[0]
 
 
 def bootstrap_ci(
@@ -335,18 +349,15 @@ def hierarchical_bootstrap_diff(
     return out | {"low": float(np.quantile(stats, alpha)), "high": float(np.quantile(stats, 1.0 - alpha))}
 
 
-#: the decisive comparison's margin of AUC-mean (docs/compare.md, "Reading the primary endpoint")
-EQUIVALENCE_MARGIN = 0.03
-
-
-def read_interval(low: float, high: float, *, margin: float = EQUIVALENCE_MARGIN) -> str:
+def read_interval(low: float, high: float, *, margin: float) -> str:
     """The plan's reading of an interval ``[low, high]`` of a difference (method minus base), in this order:
 
     - ``"above 0"`` if ``low > 0``; ``"below 0"`` if ``high < 0``;
     - ``"inside the margin"`` if ``-margin <= low`` and ``high <= margin`` (no difference as large as the margin);
     - ``"no decision"`` otherwise, and for an undefined (NaN) interval, e.g. of a single seed.
 
-    Source: docs/compare.md, "Reading the primary endpoint" (fixed before the decisive comparison's runs).
+    Source: docs/compare.md, "Reading the primary endpoint"; a study's margins are in its plan file
+    (:mod:`capo_verl.compare.verdict`).
 
     Raises:
         ValueError: ``margin`` not > 0, or ``low > high``.
