@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from capo_verl import commands
+
 __all__ = [
     "SYSTEM_PROMPT",
     "DEEPSCALER_HUB_ID",
@@ -52,6 +54,8 @@ __all__ = [
     "split_train_val",
     "load_benchmark",
     "prepare",
+    "build_parser",
+    "run",
     "main",
 ]
 
@@ -351,10 +355,26 @@ def prepare(
     return manifest
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="capo-verl prepare-data",
-        description="Write verl parquet files: DeepScaleR train/val split and the evaluation benchmarks, "
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl prepare-data``."""
+    p = commands.parser(
+        "prepare-data",
+        "Write verl parquet files: DeepScaleR train/val split and the evaluation benchmarks, "
         "all with the Qwen2.5-Math prompt (system: " + SYSTEM_PROMPT + ").",
     )
     p.add_argument(
@@ -368,9 +388,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"hub id or local .parquet/.jsonl/.json file (default: {DEEPSCALER_HUB_ID}); the shipped subset "
         f"is {RESOURCES / 'train' / 'deepscaler_sub1209.parquet'}",
     )
-    p.add_argument("--train-size", type=int, default=TRAIN_SIZE, help=f"training problems (default {TRAIN_SIZE})")
-    p.add_argument("--val-size", type=int, default=VAL_SIZE, help=f"validation problems (default {VAL_SIZE})")
-    p.add_argument("--seed", type=int, default=SEED, help=f"split seed (default {SEED})")
+    p.add_argument(
+        "--train-size", type=_count(1), default=TRAIN_SIZE, help=f"training problems, >= 1 (default {TRAIN_SIZE})"
+    )
+    p.add_argument(
+        "--val-size", type=_count(1), default=VAL_SIZE, help=f"validation problems, >= 1 (default {VAL_SIZE})"
+    )
+    commands.add_option(p, "--seed", default=SEED, why="the paper's split, which the shipped configs expect")
     p.add_argument(
         "--benchmarks",
         default=",".join(DEFAULT_BENCHMARKS),
@@ -386,17 +410,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry (``capo-verl prepare-data``); returns the exit code (2 on a data error)."""
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Execute ``capo-verl prepare-data``'s parsed arguments; returns 0.
+
+    Raises:
+        UsageError: nothing to write (``--no-train`` and no benchmark), an unknown benchmark, or an ``--out-dir``
+            that cannot be written (checked before anything is read).
+        ValueError, FileNotFoundError: as :func:`prepare`.
+    """
     benchmarks = [] if args.no_benchmarks else [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     unknown = [b for b in benchmarks if b not in BENCHMARKS]
     if unknown:
-        print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
-        return 2
+        raise commands.UsageError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    if args.no_train and not benchmarks:
+        raise commands.UsageError(
+            "nothing to write: --no-train and no benchmark (--no-benchmarks or an empty --benchmarks); drop one"
+        )
+    out = commands.check_out_dir(args.out_dir, "--out-dir")
     try:
         manifest = prepare(
-            args.out_dir,
+            out,
             train_source=None if args.no_train else args.train_source,
             train_size=args.train_size,
             val_size=args.val_size,
@@ -404,16 +437,19 @@ def main(argv: list[str] | None = None) -> int:
             benchmarks=benchmarks,
             benchmarks_dir=args.benchmarks_dir,
         )
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(os.path.expanduser(args.out_dir))
+    except KeyError as exc:  # a benchmark file's row without the field its spec reads
+        raise ValueError(f"a benchmark row has no field {exc.args[0]!r}") from None
     for name, info in manifest["files"].items():
         note = ""
         if info.get("source_rows_dropped_empty"):
             note = f"; {info['source_rows_dropped_empty']} source rows without problem or answer dropped"
         print(f"{out / name}: {info['rows']} rows ({info['data_source']}{note})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl prepare-data``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

