@@ -175,7 +175,7 @@ SHARED_OPTIONS: dict[str, SharedOption] = {
     "--threads": SharedOption(
         None, "CPU threads (default: every usable core; as many as the cores at most)", int, metavar="N"
     ),
-    "--batch-size": SharedOption(8, "responses per teacher-forced forward pass (default 8)", int, metavar="N"),
+    "--batch-size": SharedOption(8, "responses per teacher-forced forward pass (default 8)", positive_int, metavar="N"),
     "--temperature": SharedOption(1.0, "sampling temperature, > 0 (default 1.0, the paper's)", positive_float),
     "-k": SharedOption(16, "responses per problem (default 16, the paper's)", positive_int, metavar="K"),
     "--max-new-tokens": SharedOption(
@@ -313,7 +313,7 @@ def _dir_problem(folder: Path) -> str | None:
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
-        return f"cannot be written ({exc.strerror or exc})"
+        return f"cannot be created or written ({exc.strerror or exc})"
     finally:
         for created in missing:  # deepest first
             try:

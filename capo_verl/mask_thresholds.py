@@ -225,11 +225,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress",
             "--out", str(pool_path),
         ]  # fmt: skip
-        print(f"[mask-thresholds] {shlex.join(cmd[2:])}", file=sys.stderr, flush=True)
+        print(f"[mask-thresholds] capo-verl {shlex.join(cmd[3:])}", file=sys.stderr, flush=True)
         if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0:
             if not existed:
                 prompts.unlink(missing_ok=True)
-            raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[4:])}` failed (its error is printed above)")
+            raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[3:])}` failed (its error is printed above)")
     else:
         prompts, pool_path = args.data, args.pool
     pool = TF.read_pool(pool_path)

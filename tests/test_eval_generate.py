@@ -61,13 +61,9 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def hf_model(engine):
+def hf_model(engine, load_hf_model):
     """The same checkpoint in transformers, float32: the independent reference for lpm."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    path = V.resolve_model("smollm2")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return load_hf_model(V.resolve_model("smollm2"))
 
 
 def reference_token_logprobs(model, prompt_ids, ids):
