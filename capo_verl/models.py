@@ -9,8 +9,6 @@
 - :func:`tiny_model_checkpoint` writes a randomly initialised 2-layer Qwen2 model (~43k parameters) with a
   byte-level BPE tokenizer trained on GSM8K questions and a ChatML chat template: what the end-to-end tests
   and ``benchmarks/step_time.py`` train, in seconds, with nothing downloaded.
-- :func:`write_gsm8k_calc_parquet` writes the data of the CPU job: GSM8K's one-step ``<<expr=result>>``
-  calculations as verl parquet.
 
 Command line: ``capo-verl smollm2 [--cache-dir DIR] [--force]`` prints the checkpoint folder.
 """
@@ -22,7 +20,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -44,9 +41,6 @@ __all__ = [
     "gguf_path",
     "smollm2_checkpoint",
     "tiny_model_checkpoint",
-    "gsm8k_calc_problems",
-    "gsm8k_calc_prompt",
-    "write_gsm8k_calc_parquet",
     "build_parser",
     "run",
     "main",
@@ -292,106 +286,6 @@ def tiny_model_checkpoint(
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
     return out
-
-
-GSM8K_CALC_SOURCE = "gsm8k_calc"
-_CALC_PATTERN = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
-_SIMPLE_EXPR = re.compile(r"(\d+)([-+*/])(\d+)")
-
-
-def gsm8k_calc_problems(path: str | os.PathLike, max_value: int = 100) -> list[tuple[str, str]]:
-    """One-step calculations that GSM8K's annotators wrote inside its solutions as ``<<expr=result>>``.
-
-    Keeps ``a op b`` with op in ``+ - * /`` whose operands and integer result are all below ``max_value``,
-    deduplicated, in order of first appearance (2,309 from the training file, 949 from the test file with the
-    default). SmolLM2-135M-Instruct answers these right about 20% of the time at temperature 1.0, so most
-    groups of 4 samples are mixed (some right, some wrong), which is what CAPO and GRPO learn from.
-
-    Args:
-        path: a GSM8K jsonl file (``answer`` field with ``<<...>>`` annotations), e.g. the shipped
-            ``capo_verl/resources/train/gsm8k_train.jsonl`` or ``resources/benchmarks/gsm8k_test.jsonl``.
-        max_value: exclusive bound on operands and result.
-
-    Returns:
-        ``[(expression, result), ...]``, e.g. ``("48/2", "24")``.
-    """
-    seen: dict[str, str] = {}
-    with open(path) as f:
-        for line in f:
-            for expr, result in _CALC_PATTERN.findall(json.loads(line)["answer"]):
-                expr, result = expr.strip(), result.strip()
-                match = _SIMPLE_EXPR.fullmatch(expr)
-                if match is None or not result.isdigit() or expr in seen:
-                    continue
-                if max(int(match.group(1)), int(match.group(3)), int(result)) < max_value:
-                    seen[expr] = result
-    return list(seen.items())
-
-
-def gsm8k_calc_prompt(expression: str) -> str:
-    """User message for one calculation: ``"What is 48 / 2? Answer with the number only."``."""
-    a, op, b = _SIMPLE_EXPR.fullmatch(expression).groups()
-    return f"What is {a} {op} {b}? Answer with the number only."
-
-
-def write_gsm8k_calc_parquet(
-    out_dir: str | os.PathLike, *, n_train: int = 256, n_val: int = 16, n_test: int = 0, seed: int = 0
-) -> tuple[Path, Path]:
-    """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (see ``capo_verl/data.py``).
-
-    Train rows come from the shipped GSM8K training file, validation rows from the GSM8K test file (disjoint
-    problems), each shuffled with ``numpy.random.default_rng(seed)``. Row: ``data_source="gsm8k_calc"``,
-    ``prompt=[{"role": "user", "content": gsm8k_calc_prompt(expr)}]`` (the model's chat template adds its own
-    system prompt), ``reward_model={"style": "rule", "ground_truth": result}``,
-    ``extra_info={"split", "index", "problem"}``. Source: openai/grade-school-math (MIT), see
-    ``capo_verl/resources/SOURCES.md``.
-
-    With ``n_test > 0`` a third file, ``<out_dir>/gsm8k_calc_test.parquet``, holds the next ``n_test`` problems of
-    the same shuffled GSM8K test slice (disjoint from the validation rows): a held-out evaluation set.
-
-    Returns:
-        ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
-
-    Raises:
-        ValueError: more rows asked for than the slice has.
-    """
-    import numpy as np
-    import pandas as pd
-
-    resources = Path(__file__).parent / "resources"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    splits = [
-        ("train", resources / "train" / "gsm8k_train.jsonl", 0, n_train),
-        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", 0, n_val),
-    ]
-    if n_test > 0:
-        splits.append(("test", resources / "benchmarks" / "gsm8k_test.jsonl", n_val, n_test))
-    for split, source, start, count in splits:
-        problems = gsm8k_calc_problems(source)
-        if start + count > len(problems):
-            raise ValueError(
-                f"asked for {start + count} calculations of {source.name} ({split}), its slice has {len(problems)}"
-            )
-        order = np.random.default_rng(seed).permutation(len(problems))[start : start + count]
-        rows = []
-        for index in order:
-            expr, result = problems[int(index)]
-            question = gsm8k_calc_prompt(expr)
-            rows.append(
-                {
-                    "data_source": GSM8K_CALC_SOURCE,
-                    "prompt": [{"role": "user", "content": question}],
-                    "ability": "math",
-                    "reward_model": {"style": "rule", "ground_truth": result},
-                    "extra_info": {"split": split, "index": int(index), "problem": question},
-                }
-            )
-        path = out / f"gsm8k_calc_{split}.parquet"
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        paths.append(path)
-    return paths[0], paths[1]
 
 
 # ------------------------------------------------------------------------------------------ capo-verl smollm2

@@ -112,7 +112,8 @@ def pytest_report_header(config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def e2e_inputs(tmp_path_factory) -> E2EInputs:
-    from capo_verl.models import tiny_model_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.data import write_gsm8k_calc_parquet
+    from capo_verl.models import tiny_model_checkpoint
 
     root = tmp_path_factory.mktemp("e2e_inputs")
     model = tiny_model_checkpoint(root / "tiny_qwen2", init_std=0.5, seed=0)

@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eval_data = None
         if plan.data_dir is not None:
-            from capo_verl.models import write_gsm8k_calc_parquet
+            from capo_verl.data import write_gsm8k_calc_parquet
 
             write_gsm8k_calc_parquet(plan.data_dir, n_train=1024, n_val=args.val_questions, n_test=64, seed=0)
             eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
