@@ -255,12 +255,13 @@ def score_responses(
     k = int(counts[0]) if counts.min() == counts.max() else {"min": int(counts.min()), "max": int(counts.max())}
     mean_acc, nq = M.mean_at_k(correct, group)
     auc, n_mixed = M.auc_mean(lpm, correct, group)
+    pass_curve, _ = M.pass_at_k_curve(correct, group, int(counts.min()))  # pass@1 .. pass@K, K = the fewest responses
     out = {
         "n_questions": nq,
         "n_responses": int(len(lpm)),
         "k": k,
         "mean_acc": mean_acc,
-        "pass_at_k": {str(j): M.pass_at_k(correct, group, j)[0] for j in pass_k_values(int(counts.min()))},
+        "pass_at_k": {str(j): float(pass_curve[j - 1]) for j in pass_k_values(int(counts.min()))},
         "auc_mean": auc,
         "n_mixed_questions": n_mixed,
         "its_accuracy": {m: M.its_accuracy(group, answer, lpm, correct, m) for m in M.ITS_METHODS},
