@@ -341,3 +341,19 @@ def test_eval_teacher_forced_checks_its_out_and_device_before_anything(tmp_path,
 )
 def test_as_a_user_runs_it(argv, prog, message, run_capo_verl, refusal):
     assert refusal(run_capo_verl(*argv), prog).startswith(message)
+
+
+def test_eval_generate_refuses_a_file_of_other_settings_before_vllm_loads(tmp_path, capsys, monkeypatch):
+    from capo_verl.evaluation import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "vllm_device", lambda *a: pytest.fail("vLLM looked up before the check"))
+    out = tmp_path / "g.jsonl"
+    out.write_text(json.dumps(GENERATION) + "\n")
+    settings = {"model": "smollm2", "backend": "vllm", "dtype": "bfloat16", "k": 2, "temperature": 1.0}
+    settings.update(top_p=1.0, max_new_tokens=3046, seed=0)
+    (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(settings))
+    assert eval_cli.main(["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "-k", "3", "--out", str(out)]) == 2
+    assert one_error(capsys, "capo-verl eval generate") == (
+        f"{out} was generated with other settings (k: file has 2, asked 3); to resume pass the same settings, or "
+        "start over with --overwrite or another --out"
+    )
