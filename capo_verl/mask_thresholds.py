@@ -195,6 +195,32 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if math.isfinite(x) else "nan"
 
 
+def draw_pool(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Step 1 (module docstring): ``-n`` prompts of ``--data`` to ``OUT.prompts.parquet``, ``-k`` responses to each
+    by ``capo-verl eval generate`` to ``OUT.pool.jsonl``; returns both paths. When generation fails, a prompts file
+    that this call wrote (none was there before) is removed again.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`sample_prompts`.
+        RunFailed: ``capo-verl eval generate`` failed (its own error is printed above this one).
+    """
+    prompts_path = args.out.with_suffix(".prompts.parquet")
+    existed = prompts_path.exists()
+    prompts = sample_prompts(args.data, args.n, args.seed, prompts_path)
+    pool_path = args.out.with_suffix(".pool.jsonl")
+    cmd = [
+        sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts),
+        "-k", str(args.k), "--temperature", str(args.temperature), "--max-new-tokens", str(args.max_new_tokens),
+        "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress", "--out", str(pool_path),
+    ]  # fmt: skip
+    print(f"[mask-thresholds] capo-verl {shlex.join(cmd[3:])}", file=sys.stderr, flush=True)
+    if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0:
+        if not existed:
+            prompts.unlink(missing_ok=True)
+        raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[3:])}` failed (its error is printed above)")
+    return prompts, pool_path
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Execute parsed arguments (module docstring, steps 1-4); returns the written result.
 
@@ -214,24 +240,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
 
     commands.check_out_file(args.out, "--out", suffix=".json")  # before hours of generation and scoring
     check_model(args.model)
-    if args.pool is None:
-        prompts_path = args.out.with_suffix(".prompts.parquet")
-        existed = prompts_path.exists()
-        prompts = sample_prompts(args.data, args.n, args.seed, prompts_path)
-        pool_path = args.out.with_suffix(".pool.jsonl")
-        cmd = [
-            sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts),
-            "-k", str(args.k), "--temperature", str(args.temperature), "--max-new-tokens", str(args.max_new_tokens),
-            "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress",
-            "--out", str(pool_path),
-        ]  # fmt: skip
-        print(f"[mask-thresholds] capo-verl {shlex.join(cmd[3:])}", file=sys.stderr, flush=True)
-        if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0:
-            if not existed:
-                prompts.unlink(missing_ok=True)
-            raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[3:])}` failed (its error is printed above)")
-    else:
-        prompts, pool_path = args.data, args.pool
+    prompts, pool_path = draw_pool(args) if args.pool is None else (args.data, args.pool)
     pool = TF.read_pool(pool_path)
     correct = regrade(pool)
     if correct.all() or not correct.any():
@@ -274,18 +283,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _print_result(result)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return result
+
+
+def _print_result(result: dict) -> None:
+    """Each rule's thresholds with their intervals and masked shares, the counts, and the overrides to paste."""
     for rule, r in result["rules"].items():
         ci, m = r["ci95"], r["masked_fraction"]
         print(
-            f"{rule}{' (chosen)' if rule == args.rule else ''}: ref_high {_fmt(r['ref_high'])} "
+            f"{rule}{' (chosen)' if rule == result['rule'] else ''}: ref_high {_fmt(r['ref_high'])} "
             f"[{_fmt(ci['ref_high'][0])}, {_fmt(ci['ref_high'][1])}], ref_low {_fmt(r['ref_low'])} "
             f"[{_fmt(ci['ref_low'][0])}, {_fmt(ci['ref_low'][1])}]; masks {m['correct']:.1%} of correct, "
             f"{m['incorrect']:.1%} of incorrect responses"
         )
     print(f"{result['n_correct']} of {result['n_responses']} responses correct, {result['n_questions']} questions")
     print(f"overrides: {result['overrides']}")
-    print(f"wrote {args.out}", file=sys.stderr)
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
