@@ -61,8 +61,9 @@ def variant_overrides(name: str, responses: int) -> list[str]:
 def run_variant(name: str, args, workdir: Path) -> dict:
     from capo_verl.compare.methods import METHODS
     from capo_verl.compare.running import main_ppo_command, train_env
+    from capo_verl.data import write_gsm8k_calc_parquet
     from capo_verl.launch import launch_command
-    from capo_verl.models import SMOLLM2_NAME, cache_dir, smollm2_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.models import SMOLLM2_NAME, cache_dir, smollm2_checkpoint
 
     smollm2_checkpoint(verbose=False)
     data = Path.home() / "data" / "capo" / "compare"

@@ -458,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be >= 2")
     settings = args.setting or ["profile"]
 
-    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.data import write_gsm8k_calc_parquet
+    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="capo_rollout_speed_")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

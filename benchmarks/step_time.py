@@ -64,7 +64,8 @@ def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def _inputs(workdir: Path, model: str) -> dict[str, Path]:
-    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.data import write_gsm8k_calc_parquet
+    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint
 
     path = smollm2_checkpoint() if model == "smollm2" else tiny_model_checkpoint(workdir / "tiny_qwen2", seed=0)
     train, val = write_gsm8k_calc_parquet(workdir / "data", n_train=64, n_val=4, seed=0)

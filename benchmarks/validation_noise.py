@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from capo_verl.compare import MIN_VAL_QUESTIONS, paired_difference, pass_summary, read_validation_pass
-    from capo_verl.models import smollm2_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.data import write_gsm8k_calc_parquet
+    from capo_verl.models import smollm2_checkpoint
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="capo_validation_noise_")).resolve()
     data_dir = workdir / "data"

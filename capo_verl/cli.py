@@ -1,14 +1,21 @@
-"""``capo-verl`` command line: one entry point, one sub-command per stage."""
+"""``capo-verl``: one entry point, one sub-command per stage, each built with :mod:`capo_verl.commands`."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
+from capo_verl import commands
+
 # sub-command -> ("module", "function taking argv: list[str] and returning an exit code", help)
 COMMANDS = {
     "prepare-data": ("capo_verl.data", "main", "write verl parquet for training and the six benchmarks"),
-    "eval": ("capo_verl.evaluation.cli", "main", "generate k samples per problem, then score calibration"),
+    "eval": (
+        "capo_verl.evaluation.cli",
+        "main",
+        "generate: k samples per problem; score: their calibration; teacher-forced: a fixed pool scored by each "
+        "checkpoint",
+    ),
     "compare": (
         "capo_verl.compare.cli",
         "main",
@@ -24,13 +31,33 @@ COMMANDS = {
 }
 
 
+def usage() -> str:
+    """The ``capo-verl --help`` text: the usage line and one line per command, its help after two spaces at least."""
+    width = max(map(len, COMMANDS)) + 2
+    lines = ["usage: capo-verl COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}{help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "capo-verl COMMAND --help describes a command's options."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``capo-verl COMMAND ARGS...``; returns the command's exit status.
+
+    No command prints the usage to stderr (status 2); ``-h``/``--help`` prints it to stdout (status 0); an unknown
+    command is named in one line ``capo-verl: error: ...`` (status 2).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        lines = ["usage: capo-verl COMMAND [ARGS...]", "", "commands:"]
-        lines += [f"  {name:<14}{help_}" for name, (_, _, help_) in COMMANDS.items()]
-        print("\n".join(lines), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return commands.USAGE
+    if argv[0] not in COMMANDS:
+        commands.error(
+            "capo-verl", f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)} (capo-verl --help)"
+        )
+        return commands.USAGE
     module, func, _ = COMMANDS[argv[0]]
     return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 

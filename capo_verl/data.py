@@ -23,6 +23,9 @@ form the validation set, the next ``train_size`` the training set (defaults 240 
 Evaluation: the local jsonl files of :data:`BENCHMARKS` (shipped in ``capo_verl/resources/benchmarks``;
 each keeps its gold answer in a different field, see ``capo_verl/resources/SOURCES.md``).
 
+The CPU jobs (SmolLM2-135M-Instruct) train on GSM8K's one-step calculations instead, ``"What is 48 / 2? Answer with
+the number only."`` (:func:`write_gsm8k_calc_parquet`; ``capo-verl compare`` and the CPU launch script write them).
+
 Outputs in ``--out-dir`` (default ``$CAPO_DATA_DIR`` or ``~/data/capo``): ``deepscaler_train.parquet``,
 ``deepscaler_val.parquet``, ``<benchmark>.parquet`` and ``manifest.json`` (row counts, source, seed, prompt).
 """
@@ -41,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from capo_verl import commands
+
 __all__ = [
     "SYSTEM_PROMPT",
     "DEEPSCALER_HUB_ID",
@@ -51,7 +56,13 @@ __all__ = [
     "load_deepscaler",
     "split_train_val",
     "load_benchmark",
+    "GSM8K_CALC_SOURCE",
+    "gsm8k_calc_problems",
+    "gsm8k_calc_prompt",
+    "write_gsm8k_calc_parquet",
     "prepare",
+    "build_parser",
+    "run",
     "main",
 ]
 
@@ -290,6 +301,125 @@ def load_benchmark(name: str, benchmarks_dir: str | os.PathLike = SHIPPED_BENCHM
 
 
 # --------------------------------------------------------------------------------------------------------
+# the CPU job's data: GSM8K's one-step calculations
+# --------------------------------------------------------------------------------------------------------
+GSM8K_CALC_SOURCE = "gsm8k_calc"
+_CALC_PATTERN = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+_SIMPLE_EXPR = re.compile(r"(\d+)([-+*/])(\d+)")
+
+
+def gsm8k_calc_problems(path: str | os.PathLike, max_value: int = 100) -> list[tuple[str, str]]:
+    """One-step calculations that GSM8K's annotators wrote inside its solutions as ``<<expr=result>>``.
+
+    Keeps ``a op b`` with op in ``+ - * /`` whose operands and integer result are all below ``max_value``,
+    deduplicated, in order of first appearance (2,309 from the training file, 949 from the test file with the
+    default). SmolLM2-135M-Instruct answers these right about 20% of the time at temperature 1.0, so most
+    groups of 4 samples are mixed (some right, some wrong), which is what CAPO and GRPO learn from.
+
+    Args:
+        path: a GSM8K jsonl file (``answer`` field with ``<<...>>`` annotations), e.g. the shipped
+            ``capo_verl/resources/train/gsm8k_train.jsonl`` or ``resources/benchmarks/gsm8k_test.jsonl``.
+        max_value: exclusive bound on operands and result.
+
+    Returns:
+        ``[(expression, result), ...]``, e.g. ``("48/2", "24")``.
+    """
+    seen: dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            for expr, result in _CALC_PATTERN.findall(json.loads(line)["answer"]):
+                expr, result = expr.strip(), result.strip()
+                match = _SIMPLE_EXPR.fullmatch(expr)
+                if match is None or not result.isdigit() or expr in seen:
+                    continue
+                if max(int(match.group(1)), int(match.group(3)), int(result)) < max_value:
+                    seen[expr] = result
+    return list(seen.items())
+
+
+def gsm8k_calc_prompt(expression: str) -> str:
+    """User message for one calculation: ``"What is 48 / 2? Answer with the number only."``."""
+    a, op, b = _SIMPLE_EXPR.fullmatch(expression).groups()
+    return f"What is {a} {op} {b}? Answer with the number only."
+
+
+def write_gsm8k_calc_parquet(
+    out_dir: str | os.PathLike,
+    *,
+    n_train: int = 256,
+    n_val: int = 16,
+    n_test: int = 0,
+    seed: int = 0,
+    val_all: bool = False,
+) -> tuple[Path, Path]:
+    """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (the module docstring's, with its own
+    prompt: :func:`gsm8k_calc_prompt`).
+
+    Train rows come from the shipped GSM8K training file, validation rows from the GSM8K test file (disjoint
+    problems), each shuffled with ``numpy.random.default_rng(seed)``. Row: ``data_source="gsm8k_calc"``,
+    ``prompt=[{"role": "user", "content": gsm8k_calc_prompt(expr)}]`` (the model's chat template adds its own
+    system prompt), ``reward_model={"style": "rule", "ground_truth": result}``,
+    ``extra_info={"split", "index", "problem"}``. Source: openai/grade-school-math (MIT), see
+    ``capo_verl/resources/SOURCES.md``.
+
+    With ``n_test > 0`` a third file, ``<out_dir>/gsm8k_calc_test.parquet``, holds the next ``n_test`` problems of
+    the same shuffled GSM8K test slice (disjoint from the validation rows): a held-out evaluation set.
+
+    With ``val_all``, the validation rows are instead every calculation of the test slice outside the held-out set
+    (which stays the ``n_test`` after the first ``n_val``), in the shuffled order, less every one whose expression
+    (whitespace removed) is also a training row's: the same calculation occurs in both GSM8K splits, and a
+    validation question must never have been trained on.
+
+    Returns:
+        ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
+
+    Raises:
+        ValueError: more rows asked for than the slice has.
+    """
+    resources = RESOURCES
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    splits = [
+        ("train", resources / "train" / "gsm8k_train.jsonl", 0, n_train),
+        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", 0, n_val),
+    ]
+    if n_test > 0:
+        splits.append(("test", resources / "benchmarks" / "gsm8k_test.jsonl", n_val, n_test))
+    trained: set[str] = set()
+    for split, source, start, count in splits:
+        problems = gsm8k_calc_problems(source)
+        if start + count > len(problems):
+            raise ValueError(
+                f"asked for {start + count} calculations of {source.name} ({split}), its slice has {len(problems)}"
+            )
+        shuffled = np.random.default_rng(seed).permutation(len(problems))
+        order = shuffled[start : start + count]
+        if split == "train":
+            trained = {"".join(problems[int(i)][0].split()) for i in order}
+        elif split == "val" and val_all:
+            held_out = set(shuffled[n_val : n_val + n_test].tolist())
+            order = [i for i in shuffled if i not in held_out and "".join(problems[int(i)][0].split()) not in trained]
+        rows = []
+        for index in order:
+            expr, result = problems[int(index)]
+            question = gsm8k_calc_prompt(expr)
+            rows.append(
+                {
+                    "data_source": GSM8K_CALC_SOURCE,
+                    "prompt": [{"role": "user", "content": question}],
+                    "ability": "math",
+                    "reward_model": {"style": "rule", "ground_truth": result},
+                    "extra_info": {"split": split, "index": int(index), "problem": question},
+                }
+            )
+        path = out / f"gsm8k_calc_{split}.parquet"
+        pd.DataFrame(rows).to_parquet(path, index=False)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+# --------------------------------------------------------------------------------------------------------
 # writing
 # --------------------------------------------------------------------------------------------------------
 def _write(rows: list[dict], path: Path) -> int:
@@ -351,10 +481,26 @@ def prepare(
     return manifest
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="capo-verl prepare-data",
-        description="Write verl parquet files: DeepScaleR train/val split and the evaluation benchmarks, "
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl prepare-data``."""
+    p = commands.parser(
+        "prepare-data",
+        "Write verl parquet files: DeepScaleR train/val split and the evaluation benchmarks, "
         "all with the Qwen2.5-Math prompt (system: " + SYSTEM_PROMPT + ").",
     )
     p.add_argument(
@@ -368,9 +514,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"hub id or local .parquet/.jsonl/.json file (default: {DEEPSCALER_HUB_ID}); the shipped subset "
         f"is {RESOURCES / 'train' / 'deepscaler_sub1209.parquet'}",
     )
-    p.add_argument("--train-size", type=int, default=TRAIN_SIZE, help=f"training problems (default {TRAIN_SIZE})")
-    p.add_argument("--val-size", type=int, default=VAL_SIZE, help=f"validation problems (default {VAL_SIZE})")
-    p.add_argument("--seed", type=int, default=SEED, help=f"split seed (default {SEED})")
+    p.add_argument(
+        "--train-size", type=_count(1), default=TRAIN_SIZE, help=f"training problems, >= 1 (default {TRAIN_SIZE})"
+    )
+    p.add_argument(
+        "--val-size", type=_count(1), default=VAL_SIZE, help=f"validation problems, >= 1 (default {VAL_SIZE})"
+    )
+    commands.add_option(p, "--seed", default=SEED, why="the paper's split, which the shipped configs expect")
     p.add_argument(
         "--benchmarks",
         default=",".join(DEFAULT_BENCHMARKS),
@@ -386,17 +536,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry (``capo-verl prepare-data``); returns the exit code (2 on a data error)."""
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Execute ``capo-verl prepare-data``'s parsed arguments; returns 0.
+
+    Raises:
+        UsageError: nothing to write (``--no-train`` and no benchmark), an unknown benchmark, or an ``--out-dir``
+            that cannot be written (checked before anything is read).
+        ValueError, FileNotFoundError: as :func:`prepare`.
+    """
     benchmarks = [] if args.no_benchmarks else [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     unknown = [b for b in benchmarks if b not in BENCHMARKS]
     if unknown:
-        print(f"error: unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
-        return 2
+        raise commands.UsageError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    if args.no_train and not benchmarks:
+        raise commands.UsageError(
+            "nothing to write: --no-train and no benchmark (--no-benchmarks or an empty --benchmarks); drop one"
+        )
+    out = commands.check_out_dir(args.out_dir, "--out-dir")
     try:
         manifest = prepare(
-            args.out_dir,
+            out,
             train_source=None if args.no_train else args.train_source,
             train_size=args.train_size,
             val_size=args.val_size,
@@ -404,16 +563,19 @@ def main(argv: list[str] | None = None) -> int:
             benchmarks=benchmarks,
             benchmarks_dir=args.benchmarks_dir,
         )
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(os.path.expanduser(args.out_dir))
+    except KeyError as exc:  # a benchmark file's row without the field its spec reads
+        raise ValueError(f"a benchmark row has no field {exc.args[0]!r}") from None
     for name, info in manifest["files"].items():
         note = ""
         if info.get("source_rows_dropped_empty"):
             note = f"; {info['source_rows_dropped_empty']} source rows without problem or answer dropped"
         print(f"{out / name}: {info['rows']} rows ({info['data_source']}{note})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl prepare-data``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

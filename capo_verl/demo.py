@@ -14,10 +14,13 @@ import torch
 from omegaconf import OmegaConf
 
 import capo_verl  # noqa: F401  (import verl -> the plugin registers `capo`)
+from capo_verl import commands
 from capo_verl.compat.advantage import pop_step_metrics
 
 
 def build_batch(seed: int = 0):
+    """The demo's verl ``DataProto`` (7 responses to two questions, T = 12 positions) and its rows
+    ``(uid, correct, lpm, reference PPL, length)``; ``seed`` draws the per-token noise around each lpm."""
     from verl import DataProto
 
     rng = np.random.default_rng(seed)
@@ -55,11 +58,28 @@ def build_batch(seed: int = 0):
     return batch, rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="capo-verl demo", description=__doc__)
-    parser.add_argument("--tau", type=float, default=0.6)
-    args = parser.parse_args(argv)
+def _tau(text: str) -> float:
+    """``--tau``: what :func:`capo_verl.estimators.capo.check_tau` accepts (finite, > 0, usable in float32)."""
+    from capo_verl.estimators.capo import check_tau
 
+    try:
+        return check_tau(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number > 0 that float32 holds, with its reciprocal (about 2.9e-39 < tau <= 3.4e38); "
+            "the paper uses 0.5-1.0, e.g. --tau 0.6"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl demo``."""
+    p = commands.parser("demo", __doc__.split("\n\n")[0])
+    p.add_argument("--tau", type=_tau, default=0.6, help="CAPO's surrogate temperature (default 0.6)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the demo batch's advantages under ``capo`` (``--tau``) and Dr. GRPO, and the ``capo/*`` metrics."""
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     batch, rows = build_batch()
@@ -82,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("step metrics:", {k: round(v, 4) for k, v in sorted(metrics.items())})
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl demo``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from capo_verl import commands
+
 #: the two readings of the paper's rule (module docstring)
 RULES = ("per-outcome", "whole")
 
@@ -163,23 +165,28 @@ def regrade(pool: list[dict]) -> np.ndarray:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="capo-verl mask-thresholds",
-        description="CAPO's ref_high / ref_low from the reference model's perplexity quartiles (paper section 4), "
+    """The parser of ``capo-verl mask-thresholds``."""
+    p = commands.parser(
+        "mask-thresholds",
+        "CAPO's ref_high / ref_low from the reference model's perplexity quartiles (paper section 4), "
         "with bootstrap intervals and the Hydra overrides to paste.",
     )
     p.add_argument("--model", required=True, help="the reference (base) model: a checkpoint folder, a hub id, smollm2")
     p.add_argument("--data", type=Path, required=True, help="the TRAINING parquet (verl schema) the prompts come from")
     p.add_argument("--pool", type=Path, help="score this existing pool (eval generate JSONL) instead of generating")
-    p.add_argument("-n", type=int, default=128, help="prompts to sample from --data (default 128)")
-    p.add_argument("-k", type=int, default=8, help="responses per prompt (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="prompt sampling and generation seed (default 0)")
-    p.add_argument("--temperature", type=float, default=1.0, help="the rollout's temperature (default 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="the rollout's max_response_length (default 48)")
-    p.add_argument("--dtype", default="auto", help="generation dtype, as eval generate's --dtype (default auto)")
+    p.add_argument("-n", type=commands.positive_int, default=128, help="prompts to sample from --data (default 128)")
+    commands.add_option(p, "-k", default=8, why="per prompt, enough for the quartiles over 128 prompts")
+    commands.add_option(p, "--seed", help="prompt sampling and generation seed (default 0)")
+    commands.add_option(p, "--temperature", help="the rollout's temperature, > 0 (default 1.0)")
+    commands.add_option(p, "--max-new-tokens", default=48, why="the CPU configs' data.max_response_length")
+    commands.add_option(p, "--dtype", help="generation dtype, as eval generate's --dtype (default auto)")
     p.add_argument("--rule", choices=RULES, default="per-outcome", help="which reading prints as overrides")
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples over questions (default 2000)")
-    p.add_argument("--batch-size", type=int, default=16, help="responses per teacher-forced forward pass")
+    p.add_argument(
+        "--n-boot", type=commands.positive_int, default=2000, help="bootstrap resamples over questions (default 2000)"
+    )
+    commands.add_option(
+        p, "--batch-size", default=16, why="the committed thresholds were scored so; it changes only float rounding"
+    )
     p.add_argument("--out", type=Path, required=True, help="output .json; the pool and prompts are written beside it")
     return p
 
@@ -188,35 +195,52 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if math.isfinite(x) else "nan"
 
 
+def draw_pool(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Step 1 (module docstring): ``-n`` prompts of ``--data`` to ``OUT.prompts.parquet``, ``-k`` responses to each
+    by ``capo-verl eval generate`` to ``OUT.pool.jsonl``; returns both paths. When generation fails, a prompts file
+    that this call wrote (none was there before) is removed again.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`sample_prompts`.
+        RunFailed: ``capo-verl eval generate`` failed (its own error is printed above this one).
+    """
+    prompts_path = args.out.with_suffix(".prompts.parquet")
+    existed = prompts_path.exists()
+    prompts = sample_prompts(args.data, args.n, args.seed, prompts_path)
+    pool_path = args.out.with_suffix(".pool.jsonl")
+    cmd = [
+        sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts),
+        "-k", str(args.k), "--temperature", str(args.temperature), "--max-new-tokens", str(args.max_new_tokens),
+        "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress", "--out", str(pool_path),
+    ]  # fmt: skip
+    print(f"[mask-thresholds] capo-verl {shlex.join(cmd[3:])}", file=sys.stderr, flush=True)
+    if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0:
+        if not existed:
+            prompts.unlink(missing_ok=True)
+        raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[3:])}` failed (its error is printed above)")
+    return prompts, pool_path
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Execute parsed arguments (module docstring, steps 1-4); returns the written result.
 
+    ``--out`` and ``--model`` are checked before any prompt is drawn; when ``capo-verl eval generate`` fails, the
+    prompts file this run wrote is removed again.
+
     Raises:
-        ValueError: bad options, or a pool without a correct or without an incorrect response (the per-outcome rule
-            needs both: sample more prompts, or more responses per prompt).
-        FileNotFoundError: no data file, pool or model.
-        subprocess.CalledProcessError: ``capo-verl eval generate`` failed.
+        UsageError: an ``--out`` that cannot be written or is not ``.json``.
+        ValueError: a ``--model`` that cannot load (:func:`capo_verl.evaluation.cli.check_model`), or a pool without a
+            correct or without an incorrect response (the per-outcome rule needs both: sample more prompts, or more
+            responses per prompt).
+        FileNotFoundError: no data file or pool.
+        RunFailed: ``capo-verl eval generate`` failed.
     """
     from capo_verl.evaluation import teacher_forced as TF
+    from capo_verl.evaluation.cli import check_model
 
-    if args.out.suffix != ".json":
-        raise ValueError(f"--out {args.out}: expected a .json file name")
-    for name in ("n", "k", "n_boot", "batch_size", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
-    if args.pool is None:
-        prompts = sample_prompts(args.data, args.n, args.seed, args.out.with_suffix(".prompts.parquet"))
-        pool_path = args.out.with_suffix(".pool.jsonl")
-        cmd = [
-            sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts),
-            "-k", str(args.k), "--temperature", str(args.temperature), "--max-new-tokens", str(args.max_new_tokens),
-            "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress",
-            "--out", str(pool_path),
-        ]  # fmt: skip
-        print(f"[mask-thresholds] {shlex.join(cmd[2:])}", file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL)
-    else:
-        prompts, pool_path = args.data, args.pool
+    commands.check_out_file(args.out, "--out", suffix=".json")  # before hours of generation and scoring
+    check_model(args.model)
+    prompts, pool_path = draw_pool(args) if args.pool is None else (args.data, args.pool)
     pool = TF.read_pool(pool_path)
     correct = regrade(pool)
     if correct.all() or not correct.any():
@@ -259,27 +283,31 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _print_result(result)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return result
+
+
+def _print_result(result: dict) -> None:
+    """Each rule's thresholds with their intervals and masked shares, the counts, and the overrides to paste."""
     for rule, r in result["rules"].items():
         ci, m = r["ci95"], r["masked_fraction"]
         print(
-            f"{rule}{' (chosen)' if rule == args.rule else ''}: ref_high {_fmt(r['ref_high'])} "
+            f"{rule}{' (chosen)' if rule == result['rule'] else ''}: ref_high {_fmt(r['ref_high'])} "
             f"[{_fmt(ci['ref_high'][0])}, {_fmt(ci['ref_high'][1])}], ref_low {_fmt(r['ref_low'])} "
             f"[{_fmt(ci['ref_low'][0])}, {_fmt(ci['ref_low'][1])}]; masks {m['correct']:.1%} of correct, "
             f"{m['incorrect']:.1%} of incorrect responses"
         )
     print(f"{result['n_correct']} of {result['n_responses']} responses correct, {result['n_questions']} questions")
     print(f"overrides: {result['overrides']}")
-    print(f"wrote {args.out}", file=sys.stderr)
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``capo-verl mask-thresholds``; returns the exit code."""
+    """Entry point of ``capo-verl mask-thresholds``; returns the exit status (:func:`capo_verl.commands.main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    try:
+
+    def execute(args: argparse.Namespace) -> int:
         run(args, argv)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"capo-verl mask-thresholds: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return commands.main(build_parser(), execute, argv)

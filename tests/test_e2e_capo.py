@@ -23,7 +23,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from capo_verl.compare.report import read_validation_pass
-from capo_verl.models import GSM8K_CALC_SOURCE
+from capo_verl.data import GSM8K_CALC_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from capo_verl.models import GSM8K_CALC_SOURCE
+from capo_verl.data import GSM8K_CALC_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

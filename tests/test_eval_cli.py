@@ -5,9 +5,6 @@ in-process ones go through the same ``main`` for the remaining checks. None of t
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,23 +15,16 @@ from capo_verl.evaluation.cli import check_model, main
 PREFIX = "capo-verl eval generate: error: "
 
 
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "capo_verl.cli", "eval", "generate", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
+@pytest.fixture
+def run_cli(run_capo_verl):
+    """``capo-verl eval generate ARGS`` in a subprocess."""
+    return lambda *args, env=None: run_capo_verl("eval", "generate", *args, env=env)
 
 
-def error_line(proc):
-    """The one stderr line starting with the error prefix; also checks exit code 2 and no traceback."""
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("capo-verl eval")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
+@pytest.fixture
+def error_line(refusal):
+    """The one stderr line with the error prefix (exit status 2 and no traceback checked)."""
+    return lambda proc: "capo-verl eval generate: error: " + refusal(proc, "capo-verl eval generate")
 
 
 @pytest.fixture
@@ -54,7 +44,7 @@ def toy_data(tmp_path):
     return path
 
 
-def test_unknown_benchmark_lists_the_known_names(tmp_path):
+def test_unknown_benchmark_lists_the_known_names(tmp_path, run_cli, error_line):
     proc = run_cli("--model", "smollm2", "--benchmarks", "gsm8k", "gsm9k", "--out", str(tmp_path / "g.jsonl"))
     known = ", ".join(data.BENCHMARKS)
     assert error_line(proc) == (
@@ -64,7 +54,7 @@ def test_unknown_benchmark_lists_the_known_names(tmp_path):
     assert "gsm8k" in known and not (tmp_path / "g.jsonl").exists()
 
 
-def test_missing_model_path(tmp_path, toy_data):
+def test_missing_model_path(tmp_path, toy_data, run_cli, error_line):
     missing = tmp_path / "no_such_checkpoint"
     proc = run_cli("--model", str(missing), "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"))
     assert error_line(proc) == (
@@ -74,7 +64,7 @@ def test_missing_model_path(tmp_path, toy_data):
     assert not (tmp_path / "g.jsonl").exists()
 
 
-def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data):
+def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data, run_cli, error_line):
     """An owner/name that is not local passes the check and goes to vLLM; offline, its (multi-line) error becomes
     one line."""
     proc = run_cli(

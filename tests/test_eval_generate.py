@@ -5,7 +5,7 @@ one test; the tests that use an engine are in the ``slow`` tier. Checks: well-fo
 log-softmax of a separate transformers float32 forward pass over the same tokens (within bf16 rounding; to 1e-4 in
 float32), also with temperature/top-p; EOS handling; determinism under the seed (a second call, another question
 order; in float32 also another grouping into calls); resuming (also after a torn write); the command line; clear
-errors (--backend hf, --device, GGUF files, other settings than the file's).
+errors (no --backend option, --device, GGUF files, other settings than the file's).
 """
 
 import gc
@@ -15,8 +15,11 @@ import re
 
 import pytest
 
-from capo_verl.evaluation import REQUIRED_FIELDS
+from capo_verl.evaluation import LINE_FIELDS, REQUIRED_FIELDS
 from capo_verl.evaluation import generate as G
+from capo_verl.evaluation import problems as P
+from capo_verl.evaluation import sampling as SA
+from capo_verl.evaluation import vllm_backend as V
 
 QUESTIONS = ("What is 2 + 3? Answer with the number only.", "Say hello.", "What is 7 times 6?")
 
@@ -48,7 +51,7 @@ def read(path):
 def engine():
     """The engine ``eval generate --model smollm2`` starts (device and dtype auto), shared by the module's tests."""
     saved = dict(os.environ)  # the CPU defaults are set for this engine only
-    backend = G.VLLMBackend("smollm2")
+    backend = V.VLLMBackend("smollm2")
     try:
         yield backend
     finally:
@@ -58,13 +61,9 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def hf_model(engine):
+def hf_model(engine, load_hf_model):
     """The same checkpoint in transformers, float32: the independent reference for lpm."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    path = G.resolve_model("smollm2")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return load_hf_model(V.resolve_model("smollm2"))
 
 
 def reference_token_logprobs(model, prompt_ids, ids):
@@ -79,15 +78,15 @@ def reference_token_logprobs(model, prompt_ids, ids):
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
 def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, tmp_path, temperature, top_p):
-    settings = G.SamplingSettings(k=4, temperature=temperature, top_p=top_p, max_new_tokens=24, seed=3)
-    problems = G.problems_from_rows(rows())
+    settings = SA.SamplingSettings(k=4, temperature=temperature, top_p=top_p, max_new_tokens=24, seed=3)
+    problems = P.problems_from_rows(rows())
     out = tmp_path / "gen.jsonl"
     summary = G.generate(
         problems, engine, settings, out, scorer=digit_scorer, save_token_ids=True, progress=False, chunk=3
     )
     lines = read(out)
     assert summary["responses"] == len(lines) == 3 * 4 and summary["questions_done"] == 3
-    assert set(REQUIRED_FIELDS) <= set(lines[0]) and tuple(lines[0])[: len(G.LINE_FIELDS)] == G.LINE_FIELDS
+    assert set(REQUIRED_FIELDS) <= set(lines[0]) and tuple(lines[0])[: len(LINE_FIELDS)] == LINE_FIELDS
     eos = engine.tokenizer.eos_token_id
     n_eos, diffs = 0, []
     for rec in lines:
@@ -133,8 +132,8 @@ def test_deterministic_and_resumable(engine, tmp_path):
     """Under one seed, the same questions grouped the same way into calls give the same lines, in any order and in
     any later call (the prompts then come from vLLM's prefix cache): a resumed run (one question per call) writes
     the fresh run's lines."""
-    settings = G.SamplingSettings(k=2, max_new_tokens=16, seed=7)
-    problems = G.problems_from_rows(rows())
+    settings = SA.SamplingSettings(k=2, max_new_tokens=16, seed=7)
+    problems = P.problems_from_rows(rows())
     path = {name: tmp_path / f"{name}.jsonl" for name in ("fresh", "one", "one_rev", "seed8", "resumed")}
     run = lambda name, probs, chunk, s=settings: G.generate(  # noqa: E731
         probs, engine, s, path[name], scorer=digit_scorer, progress=name == "fresh", chunk=chunk
@@ -144,7 +143,7 @@ def test_deterministic_and_resumable(engine, tmp_path):
     run("one", problems, 3)  # all questions in one call, in both orders
     run("one_rev", problems[::-1], 3)
     assert_same_lines(path["one_rev"], path["one"], lpm_tol=1e-6)
-    run("seed8", problems, 3, G.SamplingSettings(k=2, max_new_tokens=16, seed=8))  # another seed: other responses
+    run("seed8", problems, 3, SA.SamplingSettings(k=2, max_new_tokens=16, seed=8))  # another seed: other responses
     assert [r["response"] for r in read(path["seed8"])] != [r["response"] for r in read(path["one"])]
     # a run interrupted after 1 question, with a torn half-written line at the end, then resumed (each question
     # sampled again in a later call, its prompt from the prefix cache)
@@ -165,11 +164,11 @@ def test_float32_responses_do_not_depend_on_the_grouping(engine, hf_model, tmp_p
     """In float32 the batched rounding is too small to flip draws here: one call per question or one for all gives
     the same responses (in bfloat16 a good part of them differ), and lpm matches transformers to 1e-4. A second
     engine, next to the module's."""
-    engine32 = G.VLLMBackend("smollm2", dtype="float32")
+    engine32 = V.VLLMBackend("smollm2", dtype="float32")
     try:
         assert engine32.dtype == "float32"
-        settings = G.SamplingSettings(k=2, max_new_tokens=16, seed=7)
-        problems = G.problems_from_rows(rows())
+        settings = SA.SamplingSettings(k=2, max_new_tokens=16, seed=7)
+        problems = P.problems_from_rows(rows())
         single, batched = tmp_path / "single.jsonl", tmp_path / "batched.jsonl"
         for out, chunk in ((single, 1), (batched, 3)):
             G.generate(
@@ -198,7 +197,7 @@ def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypat
         built.append((model, kw))
         return engine
 
-    monkeypatch.setattr(G, "VLLMBackend", backend)
+    monkeypatch.setattr(V, "VLLMBackend", backend)
     pd.DataFrame(rows(QUESTIONS[:2])).to_parquet(tmp_path / "toy.parquet")
     out = tmp_path / "gen.jsonl"
     args = [
@@ -216,7 +215,7 @@ def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypat
         "--no-progress",
     ]
     assert main(args) == 0
-    device = G.vllm_device()
+    device = V.vllm_device()
     assert built == [
         (
             "smollm2",
@@ -239,34 +238,32 @@ def test_cli_generate_on_parquet_with_project_reward(engine, tmp_path, monkeypat
     assert "k: file has 2, asked 3" in capsys.readouterr().err
 
 
-def test_backend_hf_is_not_a_choice(tmp_path, capsys):
-    """The transformers sampler was retired: vLLM is the one engine, and ``--backend`` offers nothing else."""
+def test_there_is_no_backend_option(tmp_path, capsys):
+    """vLLM is the one engine: ``--backend`` is not an option (one line, exit 2)."""
     from capo_verl.evaluation.cli import main
 
     args = ["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "--backend", "hf", "--out", str(tmp_path / "g")]
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2
-    assert "error: argument --backend: invalid choice: 'hf' (choose from 'auto', 'vllm')" in capsys.readouterr().err
+    assert main(args) == 2
+    assert capsys.readouterr().err == "capo-verl eval generate: error: unrecognized arguments: --backend hf\n"
 
 
 def test_device_and_gguf_errors(tmp_path):
     with pytest.raises(ValueError, match="--device 'cuda:1': use auto, cpu or cuda"):
-        G.vllm_device("cuda:1")
-    found = G.vllm_device()
-    assert found in ("cpu", "cuda") and G.vllm_device(found) == found
+        V.vllm_device("cuda:1")
+    found = V.vllm_device()
+    assert found in ("cpu", "cuda") and V.vllm_device(found) == found
     other = {"cpu": "cuda", "cuda": "cpu"}[found]
     with pytest.raises(ValueError, match=f"--device {other}, but the installed vLLM .* runs on {found}"):
-        G.vllm_device(other)
+        V.vllm_device(other)
     # the bundled SmolLM2 GGUF resolves to its converted checkpoint folder; other GGUF files are refused
     from capo_verl import models
 
-    assert G.resolve_model(str(models.gguf_path())) == G.resolve_model("smollm2")
-    assert G.resolve_model(str(models.gguf_path().parent), models.GGUF_FILE) == G.resolve_model("smollm2")
+    assert V.resolve_model(str(models.gguf_path())) == V.resolve_model("smollm2")
+    assert V.resolve_model(str(models.gguf_path().parent), models.GGUF_FILE) == V.resolve_model("smollm2")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     with pytest.raises(ValueError, match="vLLM loads Hugging Face checkpoint folders .* not GGUF files"):
-        G.resolve_model(str(tmp_path / "m.gguf"))
-    assert G.resolve_model("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
+        V.resolve_model(str(tmp_path / "m.gguf"))
+    assert V.resolve_model("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
 
 
 def test_cpu_environment(monkeypatch):
@@ -281,7 +278,7 @@ def test_cpu_environment(monkeypatch):
     monkeypatch.setattr(os, "environ", environ)  # what the functions set stays in this copy
     environ["VLLM_CPU_KVCACHE_SPACE"] = "2"  # an exported value wins
     cores = sorted(os.sched_getaffinity(0))
-    added = G.cpu_environment(threads=1)
+    added = V.cpu_environment(threads=1)
     assert added == {
         "VLLM_CPU_OMP_THREADS_BIND": str(cores[0]),
         "VLLM_CACHE_ROOT": os.environ["VLLM_CACHE_ROOT"],
@@ -290,9 +287,9 @@ def test_cpu_environment(monkeypatch):
     }
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2"
     del environ["VLLM_CPU_OMP_THREADS_BIND"]
-    assert G.cpu_environment() == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
+    assert V.cpu_environment() == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
     with pytest.raises(ValueError, match="threads must lie in"):
-        G.cpu_environment(threads=len(cores) + 1)
+        V.cpu_environment(threads=len(cores) + 1)
 
 
 class _CannedBackend:
@@ -301,24 +298,24 @@ class _CannedBackend:
     name, model_name, dtype = "vllm", "canned", "float32"
 
     def sample_many(self, problems, settings, seeds):
-        return [[G.Sample([5, 2], "2", [-0.5, -0.25], truncated=False)] * settings.k for _ in problems]
+        return [[SA.Sample([5, 2], "2", [-0.5, -0.25], truncated=False)] * settings.k for _ in problems]
 
 
 def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
     backend = _CannedBackend()
-    problems = G.problems_from_rows(rows(QUESTIONS[:1]))
+    problems = P.problems_from_rows(rows(QUESTIONS[:1]))
     out = tmp_path / "gen.jsonl"
-    G.generate(problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False)
+    G.generate(problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False)
     assert [r["lpm"] for r in read(out)] == [-0.375, -0.375]
     with pytest.raises(ValueError, match="k: file has 2, asked 3.*--overwrite"):
         G.generate(
-            problems, backend, G.SamplingSettings(k=3, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+            problems, backend, SA.SamplingSettings(k=3, max_new_tokens=4), out, scorer=digit_scorer, progress=False
         )
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps({**meta, "backend": "hf"}))  # a file of the old sampler
     with pytest.raises(ValueError, match="backend: file has 'hf', asked 'vllm'"):
         G.generate(
-            problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+            problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
         )
     # a file sampled in another precision, or before the dtype was recorded, is not resumed in this one
     for old_dtype in ({"dtype": "bfloat16"}, {}):
@@ -326,13 +323,13 @@ def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
         (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps(stored))
         with pytest.raises(ValueError, match=f"dtype: file has {old_dtype.get('dtype')!r}, asked 'float32'"):
             G.generate(
-                problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
+                problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
             )
     foreign = tmp_path / "notes.jsonl"
     foreign.write_text("hello\n")
     with pytest.raises(ValueError, match="exists without its notes.jsonl.meta.json"):
         G.generate(
-            problems, backend, G.SamplingSettings(k=2, max_new_tokens=4), foreign, scorer=digit_scorer, progress=False
+            problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), foreign, scorer=digit_scorer, progress=False
         )
 
 
@@ -342,7 +339,7 @@ def test_problem_loading(tmp_path):
     path = tmp_path / "bench.parquet"
     data = [{**r, "data_source": ds} for ds in ("toy_a", "toy_b") for r in rows()]
     pd.DataFrame(data).to_parquet(path)
-    problems = G.load_problems([path], limit=2)
+    problems = P.load_problems([path], limit=2)
     assert [(p.data_source, p.question_id) for p in problems] == [
         ("toy_a", 10),
         ("toy_a", 11),
@@ -352,15 +349,15 @@ def test_problem_loading(tmp_path):
     assert problems[0].prompt == [{"role": "user", "content": QUESTIONS[0]}]  # numpy arrays -> plain lists
     assert problems[0].ground_truth == "5"
     with pytest.raises(ValueError, match="row 0 lacks \\['reward_model'\\]"):
-        G.problems_from_rows([{"data_source": "x", "prompt": "hi"}])
+        P.problems_from_rows([{"data_source": "x", "prompt": "hi"}])
     with pytest.raises(ValueError, match="duplicate question"):
-        G.problems_from_rows(rows() + rows())
+        P.problems_from_rows(rows() + rows())
     with pytest.raises(ValueError, match="no problems to evaluate"):
-        G.load_problems([], [])
+        P.load_problems([], [])
     with pytest.raises(ValueError, match="limit must be >= 1"):
-        G.load_problems([path], limit=0)
+        P.load_problems([path], limit=0)
     with pytest.raises(ValueError, match="k \\(samples per problem\\) must be >= 1"):
-        G.SamplingSettings(k=0)
+        SA.SamplingSettings(k=0)
 
 
 @pytest.mark.slow
@@ -379,22 +376,22 @@ def test_seeded_cpu_draws_run_the_plugins_sampler_in_this_process(engine, monkey
 
     monkeypatch.setattr(vllm_cpu, "exponential_noise", spy)
     row = {"data_source": "t", "prompt": "What is 2 + 3?", "reward_model": {"ground_truth": "5"}}
-    problems = G.problems_from_rows([row])
-    settings = G.SamplingSettings(k=3, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
-    samples = engine.sample_many(problems, settings, [G.question_seed(0, p) for p in problems])
+    problems = P.problems_from_rows([row])
+    settings = SA.SamplingSettings(k=3, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
+    samples = engine.sample_many(problems, settings, [SA.question_seed(0, p) for p in problems])
     tokens = sum(len(s.token_ids) for s in samples[0])
     assert calls and sum(calls) == tokens  # one key per request and decoded token, all through the plugin's draw
 
 
 def test_cpu_backend_refuses_what_would_bypass_or_break_the_seeded_sampler(monkeypatch):
-    if G.vllm_device("auto") != "cpu":
+    if V.vllm_device("auto") != "cpu":
         pytest.skip("CPU only")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.raises(RuntimeError, match=r"VLLM_ENABLE_V1_MULTIPROCESSING='1': .*unset it or export 0"):
-        G.load_cpu_sampler()
+        V.load_cpu_sampler()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    G.load_cpu_sampler()  # the plugin's forward_cpu is vLLM's sampler now
+    V.load_cpu_sampler()  # the plugin's forward_cpu is vLLM's sampler now
     with pytest.raises(ValueError, match="tensor_parallel_size=2: .*use tensor_parallel_size=1"):
-        G.VLLMBackend("smollm2", tensor_parallel_size=2)
+        V.VLLMBackend("smollm2", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="enable_chunked_prefill=True: .*leave it unset"):
-        G.VLLMBackend("smollm2", enable_chunked_prefill=True)
+        V.VLLMBackend("smollm2", enable_chunked_prefill=True)

@@ -280,7 +280,7 @@ def test_nothing_written_on_a_bad_file(tmp_path):
         S.score_runs({"good": good, "bad": bad}, tmp_path / "out", plots=False)
     assert not (tmp_path / "out").exists()
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match="file is a file; the report goes to a folder"):
+    with pytest.raises(ValueError, match="file is a file, not a folder"):
         S.score_runs({"good": good}, tmp_path / "file", plots=False)
 
 
@@ -289,7 +289,8 @@ def test_cli_out_that_cannot_be_created(tmp_path, capsys):
     good = write(tmp_path / "good.jsonl", [GOOD])
     out = tmp_path / "file" / "report"
     assert main(["score", str(good), "--out", str(out), "--no-plots"]) == 2
-    assert capsys.readouterr().err == f"capo-verl eval score: error: cannot read or write {out}: Not a directory\n"
+    message = f"--out {out} lies under {out.parent}, which is a file"
+    assert capsys.readouterr().err == f"capo-verl eval score: error: {message}\n"
 
 
 def test_cli_input_error_is_one_line_with_exit_code_2(tmp_path):

@@ -66,11 +66,8 @@ def engine(model_path):
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), attn_implementation="sdpa", dtype=torch.float32)
-    return model.eval()
+def hf_model(model_path, load_hf_model):
+    return load_hf_model(model_path, attn_implementation="sdpa")
 
 
 def _sequences(seed: int, vocab: int):

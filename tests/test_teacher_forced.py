@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from capo_verl.evaluation import teacher_forced as TF
+from capo_verl.evaluation import teacher_forced_cli as CLI
 from capo_verl.models import tiny_model_checkpoint
 
 PREFIX = "capo-verl eval teacher-forced: error: "
@@ -147,7 +148,7 @@ def test_teacher_forced_metrics_hand_computed():
 def test_cli_writes_metrics_and_lpm_per_model(tiny, data_file, pool_file, tmp_path, capsys):
     out = tmp_path / "tf.json"
     argv = ["--pool", str(pool_file), "--data", str(data_file), "--model", f"a={tiny}", f"b={tiny}"]
-    assert TF.main([*argv, "--out", str(out), "--batch-size", "3", "--threads", "1"]) == 0
+    assert CLI.main([*argv, "--out", str(out), "--batch-size", "3", "--threads", "1"]) == 0
     result = json.loads(out.read_text())
     assert result["n_responses"] == len(RESPONSES) and result["n_questions"] == 3
     assert list(result["models"]) == ["a", "b"]
@@ -162,7 +163,7 @@ def test_cli_writes_metrics_and_lpm_per_model(tiny, data_file, pool_file, tmp_pa
         assert entry["metrics"]["n_mixed_questions"] == 3
         assert entry["by_data_source"]["toy"]["auc_mean"] == pytest.approx(want["auc_mean"])
     assert result["pool_metrics"]["n_mixed_questions"] == 3  # the pool's own sampling-time lpm, for reference
-    assert TF.build_parser().prog == "capo-verl eval teacher-forced"
+    assert CLI.build_parser().prog == "capo-verl eval teacher-forced"
 
 
 def one_error_line(capsys):
@@ -198,7 +199,7 @@ def test_cli_refuses_a_bad_pool_in_one_line(case, message, tiny, data_file, pool
         pool.write_text("\n".join([*lines[:2], json.dumps(rec)]) + "\n")
     out = tmp_path / "tf.json"
     argv = ["--pool", str(pool), "--data", str(data_file), "--model", tiny, "--out", str(out)]
-    assert TF.main(argv) == 2
+    assert CLI.main(argv) == 2
     line = one_error_line(capsys)
     assert message in line
     if case == "too_long":
@@ -212,7 +213,7 @@ def test_cli_refuses_a_question_missing_from_the_data(tiny, pool_file, tmp_path,
         json.dumps({"data_source": "toy", "prompt": "1+1?", "reward_model": {"ground_truth": "2"}, "extra_info": {}})
         + "\n"
     )
-    assert TF.main(["--pool", str(pool_file), "--data", str(other), "--model", tiny, "--out", "x.json"]) == 2
+    assert CLI.main(["--pool", str(pool_file), "--data", str(other), "--model", tiny, "--out", "x.json"]) == 2
     assert "is not in the given data" in one_error_line(capsys)
 
 

@@ -441,7 +441,7 @@ def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, u
         KeyboardInterrupt: Ctrl-C, after the training has stopped.
     """
     if plan.data_dir is not None:
-        from capo_verl.models import write_gsm8k_calc_parquet
+        from capo_verl.data import write_gsm8k_calc_parquet
 
         every = args.val_questions == VAL_ALL
         n_val = VAL_ALL_HELDOUT_AFTER if every else args.val_questions

@@ -11,6 +11,20 @@
 The metric functions themselves live in :mod:`capo_verl.metrics`.
 """
 
-#: Fields every generation line carries (``capo-verl eval generate`` writes them, ``score`` requires them and
-#: checks their types: see :func:`capo_verl.evaluation.score.read_generations`).
-REQUIRED_FIELDS = ("data_source", "question_id", "sample_index", "response", "answer", "correct", "lpm", "num_tokens")
+#: Fields of a generation line, in the order ``capo-verl eval generate`` writes them (``token_ids`` follows with
+#: ``--save-token-ids``); their meaning: :mod:`capo_verl.evaluation.generate`.
+LINE_FIELDS = (
+    "data_source",
+    "question_id",
+    "sample_index",
+    "response",
+    "answer",
+    "correct",
+    "lpm",
+    "num_tokens",
+    "truncated",
+    "ground_truth",
+)
+#: The fields ``capo-verl eval score`` requires of every line (and checks the types of: see
+#: :func:`capo_verl.evaluation.score.read_generations`); ``truncated`` and ``ground_truth`` are read when present.
+REQUIRED_FIELDS = LINE_FIELDS[: LINE_FIELDS.index("num_tokens") + 1]

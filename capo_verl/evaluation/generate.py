@@ -1,6 +1,6 @@
 """Stage 1 of the evaluation: k sampled responses per problem, with their mean token log-probability.
 
-Output: one JSON line per response (see :data:`LINE_FIELDS`)::
+Output: one JSON line per response (fields: :data:`capo_verl.evaluation.LINE_FIELDS`)::
 
     {"data_source": "math500", "question_id": 7, "sample_index": 3, "response": "...", "answer": "12",
      "correct": true, "lpm": -0.4213, "num_tokens": 187, "truncated": false, "ground_truth": "12"}
@@ -31,6 +31,10 @@ On CPU the engine runs in this process with capo-verl's plugin loaded (:func:`lo
 requests are drawn by the same sampler as the CPU training rollout (:mod:`capo_verl.compat.vllm_cpu`, item 5)
 instead of vLLM's per-entry eager noise, and chunked prefill is off (vLLM's CPU engine stops on seeded requests
 prefilled in chunks).
+
+Where the parts live: :class:`VLLMBackend`, :func:`load_cpu_sampler` and :func:`resolve_model` in
+:mod:`capo_verl.evaluation.vllm_backend`; :func:`question_seed` and :class:`SamplingSettings` in
+:mod:`capo_verl.evaluation.sampling`; :func:`load_problems` in :mod:`capo_verl.evaluation.problems`.
 """
 
 from __future__ import annotations
@@ -44,40 +48,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# the parts of generation, each in its own module; their names stay importable from here
-from capo_verl.evaluation.problems import (  # noqa: F401
-    Problem,
-    benchmark_rows,
-    expand_benchmarks,
-    load_problems,
-    problems_from_rows,
-    read_rows,
-)
-from capo_verl.evaluation.sampling import Sample, SamplingSettings, encode_prompt, question_seed  # noqa: F401
-from capo_verl.evaluation.vllm_backend import (  # noqa: F401
-    VLLM_INSTALL_HINT,
-    VLLMBackend,
-    cpu_environment,
-    load_cpu_sampler,
-    resolve_model,
-    vllm_device,
-)
+from capo_verl.evaluation import LINE_FIELDS
+from capo_verl.evaluation.problems import Problem
+from capo_verl.evaluation.sampling import SamplingSettings, question_seed
 
 logger = logging.getLogger("capo_verl.evaluation")
-
-#: Fields of a generation line, in the order they are written (``token_ids`` only with ``save_token_ids``).
-LINE_FIELDS = (
-    "data_source",
-    "question_id",
-    "sample_index",
-    "response",
-    "answer",
-    "correct",
-    "lpm",
-    "num_tokens",
-    "truncated",
-    "ground_truth",
-)
 
 #: Settings a resumed run must share with the run that started the file.
 RESUME_KEYS = ("model", "backend", "dtype", "k", "temperature", "top_p", "max_new_tokens", "seed")
@@ -152,24 +127,55 @@ def read_finished(out: str | os.PathLike, k: int) -> set[tuple[str, str]]:
     return done
 
 
+def _settings_differ(out: Path, old: dict, new: dict) -> None:
+    """Raise ValueError when ``new`` (a subset of :data:`RESUME_KEYS`) differs from the file's settings ``old``."""
+    diff = {key: (old.get(key), new[key]) for key in RESUME_KEYS if key in new and old.get(key) != new[key]}
+    if diff:
+        listed = ", ".join(f"{key}: file has {a!r}, asked {b!r}" for key, (a, b) in diff.items())
+        raise ValueError(
+            f"{out} was generated with other settings ({listed}); to resume pass the same "
+            "settings, or start over with --overwrite or another --out"
+        )
+
+
+def check_out(out: str | os.PathLike, overwrite: bool = False, settings: dict | None = None) -> Path:
+    """Refuse, before any model loads, an ``out`` that :func:`generate` would refuse. Changes nothing on disk.
+
+    Args:
+        out: the generation file.
+        overwrite: as :func:`generate` (then an existing file is no obstacle).
+        settings: the settings of :data:`RESUME_KEYS` known so far (all but the engine's dtype, before it loads),
+            compared with an existing file's.
+
+    Returns:
+        ``Path(out)``.
+
+    Raises:
+        ValueError: ``out`` cannot be written (a folder, a path under a file, an unwritable folder); it exists
+            without its ``.meta.json`` (not a generation file of this command); or it holds a run with other
+            ``settings``.
+    """
+    from capo_verl import commands
+
+    path = commands.check_out_file(out, "--out")
+    mp = meta_path(path)
+    if overwrite or not path.exists():
+        return path
+    if mp.exists():
+        _settings_differ(path, json.loads(mp.read_text()), settings or {})
+    elif path.stat().st_size > 0:
+        raise ValueError(f"{path} exists without its {mp.name}; remove it, pass --overwrite or choose another --out")
+    return path
+
+
 def _check_meta(out: Path, meta: dict, overwrite: bool) -> dict:
-    mp = meta_path(out)
+    check_out(out, overwrite, meta)
     if overwrite:
-        for p in (out, mp):
+        for p in (out, meta_path(out)):
             if p.exists():
                 p.unlink()
-    if out.exists() and mp.exists():
-        old = json.loads(mp.read_text())
-        diff = {key: (old.get(key), meta[key]) for key in RESUME_KEYS if old.get(key) != meta[key]}
-        if diff:
-            listed = ", ".join(f"{key}: file has {a!r}, asked {b!r}" for key, (a, b) in diff.items())
-            raise ValueError(
-                f"{out} was generated with other settings ({listed}); to resume pass the same "
-                "settings, or start over with --overwrite or another --out"
-            )
-        return old
-    if out.exists() and out.stat().st_size > 0:
-        raise ValueError(f"{out} exists without its {mp.name}; remove it, pass --overwrite or choose another --out")
+    if out.exists() and meta_path(out).exists():
+        return json.loads(meta_path(out).read_text())
     return dict(meta)
 
 
@@ -239,18 +245,8 @@ def generate(
                 lines = []
                 for j, s in enumerate(samples):
                     answer, correct = judge(scorer, p, s.text)
-                    rec = {
-                        "data_source": p.data_source,
-                        "question_id": p.question_id,
-                        "sample_index": j,
-                        "response": s.text,
-                        "answer": answer,
-                        "correct": correct,
-                        "lpm": s.lpm,
-                        "num_tokens": len(s.token_ids),
-                        "truncated": s.truncated,
-                        "ground_truth": p.ground_truth,
-                    }
+                    values = (p.data_source, p.question_id, j, s.text, answer, correct, s.lpm, len(s.token_ids))
+                    rec = dict(zip(LINE_FIELDS, (*values, s.truncated, p.ground_truth), strict=True))
                     if save_token_ids:
                         rec["token_ids"] = s.token_ids
                     lines.append(json.dumps(rec, ensure_ascii=False) + "\n")

@@ -9,7 +9,9 @@
   sources);
 - ``out/report.md``: one table per data source (and all), runs side by side;
 - ``out/precision_coverage.png`` and ``out/accuracy_vs_auc.png`` (paper Figures 4 and 1a), see
-  :mod:`capo_verl.evaluation.plots`.
+  :mod:`capo_verl.evaluation.plots`;
+- ``out/.capo-verl-eval-score.json`` (:data:`MARKER`): marks the folder as this command's. It writes into no other
+  non-empty folder unless told to (``overwrite=True``, ``--overwrite``), so a user's ``report.md`` is never replaced.
 
 Every metric is computed from a response's ``lpm`` (confidence, nats) and ``correct``; see
 :mod:`capo_verl.metrics` for the definitions and sources.
@@ -28,6 +30,9 @@ import numpy as np
 
 from capo_verl import metrics as M
 from capo_verl.evaluation import REQUIRED_FIELDS
+
+#: marks a folder that ``capo-verl eval score`` made (:func:`check_out_dir`)
+MARKER = ".capo-verl-eval-score.json"
 
 #: Coverage levels at which precision is reported (paper Figure 4's x axis in steps of 0.1).
 COVERAGE_LEVELS = tuple(round(0.1 * i, 1) for i in range(1, 11))
@@ -250,12 +255,13 @@ def score_responses(
     k = int(counts[0]) if counts.min() == counts.max() else {"min": int(counts.min()), "max": int(counts.max())}
     mean_acc, nq = M.mean_at_k(correct, group)
     auc, n_mixed = M.auc_mean(lpm, correct, group)
+    pass_curve, _ = M.pass_at_k_curve(correct, group, int(counts.min()))  # pass@1 .. pass@K, K = the fewest responses
     out = {
         "n_questions": nq,
         "n_responses": int(len(lpm)),
         "k": k,
         "mean_acc": mean_acc,
-        "pass_at_k": {str(j): M.pass_at_k(correct, group, j)[0] for j in pass_k_values(int(counts.min()))},
+        "pass_at_k": {str(j): float(pass_curve[j - 1]) for j in pass_k_values(int(counts.min()))},
         "auc_mean": auc,
         "n_mixed_questions": n_mixed,
         "its_accuracy": {m: M.its_accuracy(group, answer, lpm, correct, m) for m in M.ITS_METHODS},
@@ -471,36 +477,77 @@ def write_report(
     return path
 
 
+def _scored_before_the_marker(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds the ``metrics.json`` of an ``eval score`` from before :data:`MARKER` existed:
+    ``{label: {..., "all": {...}}}``."""
+    try:
+        metrics = json.loads((out_dir / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(metrics, dict)
+        and bool(metrics)
+        and all(isinstance(m, dict) and isinstance(m.get("all"), dict) for m in metrics.values())
+    )
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse a report folder this command may not write into; changes nothing on disk.
+
+    Accepted: a folder that does not exist yet (and can be made), an empty one, one an earlier ``eval score`` made
+    (with :data:`MARKER`, or with its ``metrics.json`` from before the marker), and with ``overwrite`` any folder.
+
+    Returns:
+        ``Path(out_dir)``.
+
+    Raises:
+        ValueError: ``out_dir`` is a file or lies under one, cannot be written, or is a non-empty folder that
+            ``eval score`` did not make while ``overwrite`` is false.
+    """
+    from capo_verl import commands
+
+    out = commands.check_out_dir(out_dir, "--out")
+    if overwrite or not out.exists() or (out / MARKER).is_file() or not any(out.iterdir()):
+        return out
+    if _scored_before_the_marker(out):
+        return out
+    raise ValueError(
+        f"--out {out_dir} is a folder that capo-verl eval score did not make (no {MARKER}); its metrics.json, "
+        "report.md and plots would be replaced: choose a new folder, or pass --overwrite"
+    )
+
+
 def score_runs(
     runs: Mapping[str, str | os.PathLike],
     out_dir: str | os.PathLike,
     plots: bool = True,
     levels: Sequence[float] = COVERAGE_LEVELS,
+    overwrite: bool = False,
 ) -> dict:
     """Score labelled generation files and write ``metrics.json``, ``report.md`` and the plots to ``out_dir``.
 
     Args:
         runs: ``{label: path}`` (see :func:`parse_labelled`); order = column order in the report.
-        out_dir: created if needed.
+        out_dir: created if needed; marked with :data:`MARKER` (:func:`check_out_dir`).
         plots: also draw the PNGs (matplotlib, Agg backend).
         levels: coverage levels reported in the tables and JSON.
+        overwrite: write into a non-empty folder that ``eval score`` did not make.
 
     Returns:
         The metrics dict written to ``metrics.json`` (``{label: {data_source | "all" | "macro_avg": ...}}``;
         NaN here, ``null`` in the file).
 
     Raises:
-        ValueError: no runs, ``out_dir`` is an existing file, or a generation file is malformed (see
-            :func:`read_generations`; every file is read and checked before anything is written).
+        ValueError: no runs, an ``out_dir`` refused by :func:`check_out_dir`, or a generation file is malformed
+            (see :func:`read_generations`; every file is read and checked before anything is written).
         FileNotFoundError: a generation file does not exist.
     """
     if not runs:
         raise ValueError("no generation files given: pass --generations [LABEL=]PATH.jsonl ...")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir} is a file; the report goes to a folder (--out), created if needed")
+    out_dir = check_out_dir(out_dir, overwrite)
     cols = {label: read_generations(path) for label, path in runs.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARKER).write_text(json.dumps({"runs": {l: str(p) for l, p in runs.items()}}, indent=1) + "\n")
     results = {label: score_generations(c, levels) for label, c in cols.items()}
     (out_dir / "metrics.json").write_text(
         json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"

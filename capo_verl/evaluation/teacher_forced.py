@@ -18,8 +18,8 @@ Tokens (exactly those the pool was generated from, where the pool allows it):
 
 - prompt: the pool does not store prompt token ids, so the prompt is rebuilt from the verl-schema data the pool
   was generated from (``--data`` files and/or ``--benchmarks``, read by
-  :func:`capo_verl.evaluation.generate.load_problems`) with the same function generation uses,
-  :func:`capo_verl.evaluation.generate.encode_prompt` (the tokenizer's chat template with the assistant header,
+  :func:`capo_verl.evaluation.problems.load_problems`) with the same function generation uses,
+  :func:`capo_verl.evaluation.sampling.encode_prompt` (the tokenizer's chat template with the assistant header,
   no added special tokens). Problems are matched by ``(data_source, question_id)``.
 - response: the line's ``token_ids`` when present (``capo-verl eval generate --save-token-ids``; EOS included
   when it was reached): exact. Otherwise the ``response`` text is tokenized again (no added special tokens) and
@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,8 +57,6 @@ import numpy as np
 from capo_verl import metrics as M
 
 logger = logging.getLogger("capo_verl.evaluation")
-
-PROG = "capo-verl eval teacher-forced"
 
 #: What the log-softmax works on at once, in float32 elements (batch x positions x vocabulary): about 256 MiB.
 _CHUNK_ELEMENTS = 64 * 1024 * 1024
@@ -135,11 +132,11 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
 
 def question_keys(pool: Sequence[dict]) -> np.ndarray:
     """``(n,)`` object array naming the question of each pool response: ``'["data_source", "question_id"]'`` (JSON
-    of the pair, ``question_id`` as a string, as generation's :attr:`~capo_verl.evaluation.generate.Problem.key`)."""
+    of the pair, ``question_id`` as a string, as generation's :attr:`~capo_verl.evaluation.problems.Problem.key`)."""
     return np.array([json.dumps([r["data_source"], str(r["question_id"])]) for r in pool], dtype=object)
 
 
-def _problems_for(pool: Sequence[dict], data: Sequence[str | os.PathLike], benchmarks: Sequence[str]) -> dict:
+def problems_for(pool: Sequence[dict], data: Sequence[str | os.PathLike], benchmarks: Sequence[str]) -> dict:
     """``{(data_source, str(question_id)): Problem}`` for the pool's questions.
 
     With neither ``data`` nor ``benchmarks``, the pool's data sources are taken as shipped benchmark names.
@@ -149,7 +146,7 @@ def _problems_for(pool: Sequence[dict], data: Sequence[str | os.PathLike], bench
             benchmark.
     """
     from capo_verl import data as D
-    from capo_verl.evaluation import generate as G
+    from capo_verl.evaluation.problems import load_problems
 
     if not data and not benchmarks:
         sources = sorted({r["data_source"] for r in pool})
@@ -160,7 +157,7 @@ def _problems_for(pool: Sequence[dict], data: Sequence[str | os.PathLike], bench
                 "verl-schema file(s) the pool was generated from with --data FILE (prompts are rebuilt from them)"
             )
         benchmarks = sources
-    problems = {p.key: p for p in G.load_problems(data, benchmarks)}
+    problems = {p.key: p for p in load_problems(data, benchmarks)}
     for r in pool:
         key = (str(r["data_source"]), str(r["question_id"]))
         if key not in problems:
@@ -176,16 +173,16 @@ def _problems_for(pool: Sequence[dict], data: Sequence[str | os.PathLike], bench
 
 def resolve_model_path(model: str) -> str:
     """``--model`` -> what ``from_pretrained`` loads: ``smollm2`` (and its bundled GGUF) -> the converted
-    checkpoint folder (:func:`capo_verl.evaluation.generate.resolve_model`); a folder must hold ``config.json``;
+    checkpoint folder (:func:`capo_verl.evaluation.vllm_backend.resolve_model`); a folder must hold ``config.json``;
     a string shaped like a hub id (``owner/name``) that is not a local path is passed on.
 
     Raises:
         FileNotFoundError: no such folder and not a hub id.
         ValueError: a folder without ``config.json``, or a GGUF file other than the bundled SmolLM2's.
     """
-    from capo_verl.evaluation import generate as G
+    from capo_verl.evaluation.vllm_backend import resolve_model
 
-    path = G.resolve_model(model)
+    path = resolve_model(model)
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"--model {model}: a folder without config.json, not a Hugging Face checkpoint")
@@ -195,7 +192,12 @@ def resolve_model_path(model: str) -> str:
     raise FileNotFoundError(f"--model {model}: no such checkpoint folder (nor the built-in name smollm2)")
 
 
-def _torch_dtype(dtype):
+def torch_dtype(dtype):
+    """``dtype`` (a ``torch.dtype`` or its name, ``"float32"``) as a floating-point ``torch.dtype``.
+
+    Raises:
+        ValueError: not the name of a torch floating-point dtype.
+    """
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -206,7 +208,13 @@ def _torch_dtype(dtype):
     return value
 
 
-def _device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """``device`` as torch names it: ``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cpu``, ``cuda``
+    and ``cuda:N`` as given.
+
+    Raises:
+        ValueError: another device, or ``cuda[:N]`` where torch sees no CUDA GPU.
+    """
     import torch
 
     if device == "auto":
@@ -250,7 +258,7 @@ def tokenize_pool(pool: Sequence[dict], tokenizer, problems: dict, info: ScoreIn
     Raises:
         ValueError: a prompt or a response with no token.
     """
-    from capo_verl.evaluation import generate as G
+    from capo_verl.evaluation.sampling import encode_prompt
 
     info = info or ScoreInfo(model="")
     prompt_cache: dict[tuple[str, str], list[int]] = {}
@@ -259,7 +267,7 @@ def tokenize_pool(pool: Sequence[dict], tokenizer, problems: dict, info: ScoreIn
     for r in pool:
         key = (str(r["data_source"]), str(r["question_id"]))
         if key not in prompt_cache:
-            prompt_cache[key] = G.encode_prompt(tokenizer, problems[key].prompt)
+            prompt_cache[key] = encode_prompt(tokenizer, problems[key].prompt)
             if not prompt_cache[key]:  # the first response token needs a position to be predicted from
                 raise ValueError(f"pool line {r['_line']}: the rebuilt prompt has no token")
         if r.get("token_ids") is not None:
@@ -341,7 +349,7 @@ def score_pool(
             SmolLM2-135M-Instruct) or a hub id; see :func:`resolve_model_path`.
         pool_jsonl: the pool file (:func:`read_pool`), or its already-read records.
         data, benchmarks: where the prompts come from, as ``capo-verl eval generate`` resolves them
-            (:func:`capo_verl.evaluation.generate.load_problems`); both empty: the pool's data sources as shipped
+            (:func:`capo_verl.evaluation.problems.load_problems`); both empty: the pool's data sources as shipped
             benchmark names.
         tokenizer: tokenizer folder for all checkpoints; None: the checkpoint's own.
         dtype: weight dtype, a ``torch.dtype`` or its name (default float32).
@@ -360,45 +368,25 @@ def score_pool(
             vocabulary, a response without tokens, or a prompt + response longer than the model's context
             (``max_position_embeddings``; the message names the pool line).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    torch_dtype = _torch_dtype(dtype)
-    device = _device(device)
+    dtype = torch_dtype(dtype)
+    device = resolve_device(device)
     pool = read_pool(pool_jsonl) if isinstance(pool_jsonl, (str, os.PathLike)) else list(pool_jsonl)
     if not pool:
         raise ValueError("the pool is empty (no responses)")
     for i, r in enumerate(pool, 1):
         r.setdefault("_line", i)
-    problems = _problems_for(pool, data, benchmarks)
-    path = resolve_model_path(model_path)
-    tok_path = resolve_model_path(tokenizer) if tokenizer else path
+    problems = problems_for(pool, data, benchmarks)
     info = info if info is not None else ScoreInfo(model=model_path)
     t0 = time.perf_counter()
-    try:
-        tok = AutoTokenizer.from_pretrained(tok_path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except OSError as e:
-        raise ValueError(f"cannot load --model {model_path!r}: {e}") from e
-    model.to(device).eval()
+    tok, model = load_model(model_path, tokenizer=tokenizer, dtype=dtype, device=device)
     info.load_s = time.perf_counter() - t0
 
     prompts, responses = tokenize_pool(pool, tok, problems, info)
     vocab = model.get_input_embeddings().num_embeddings
-    context = _context_length(model.config)
-    for r, p, y in zip(pool, prompts, responses):
-        if max(p + y) >= vocab:
-            raise ValueError(
-                f"pool line {r['_line']}: token id {max(p + y)} is outside the vocabulary of {model_path} "
-                f"({vocab} tokens); the pool comes from a model with another tokenizer"
-            )
-        if context is not None and len(p) + len(y) > context:
-            raise ValueError(
-                f"pool line {r['_line']}: prompt {len(p)} + response {len(y)} tokens = {len(p) + len(y)} exceed the "
-                f"context of {model_path} ({context} tokens, max_position_embeddings)"
-            )
+    check_fits(pool, prompts, responses, model_path, vocab=vocab, context=_context_length(model.config))
     info.responses = len(pool)
     info.prompt_tokens = sum(map(len, prompts))
     info.response_tokens = sum(map(len, responses))
@@ -413,17 +401,74 @@ def score_pool(
 
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     pad_id = int(pad_id) if pad_id is not None and 0 <= pad_id < vocab else 0
-    accepts_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-    order = sorted(range(len(pool)), key=lambda i: (len(prompts[i]) + len(responses[i]), i))
-    lpm = np.empty(len(pool), dtype=np.float64)
     t0 = time.perf_counter()
+    lpm = _forward_pool(model, prompts, responses, pad_id=pad_id, device=device, batch_size=batch_size)
+    info.forward_s = time.perf_counter() - t0
+    return lpm
+
+
+def load_model(model_path: str, *, tokenizer: str | None = None, dtype="float32", device: str = "cpu"):
+    """``(tokenizer, model)``: a checkpoint's tokenizer (or ``tokenizer``'s) and its causal LM in ``dtype``, moved to
+    ``device`` and in eval mode.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`resolve_model_path`, :func:`torch_dtype` and
+            :func:`resolve_device`; a model or tokenizer that cannot load (ValueError).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(model_path)
+    tok_path = resolve_model_path(tokenizer) if tokenizer else path
+    try:
+        tok = AutoTokenizer.from_pretrained(tok_path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    except OSError as e:
+        raise ValueError(f"cannot load --model {model_path!r}: {e}") from e
+    return tok, model.to(resolve_device(device)).eval()
+
+
+def check_fits(
+    pool: Sequence[dict],
+    prompts: Sequence[list[int]],
+    responses: Sequence[list[int]],
+    model_name: str,
+    *,
+    vocab: int,
+    context: int | None,
+) -> None:
+    """Refuse a pool response whose tokens the model cannot score: an id outside its ``vocab``, or a prompt +
+    response longer than its ``context`` (None: no limit known).
+
+    Raises:
+        ValueError: naming the pool line and the model.
+    """
+    for r, p, y in zip(pool, prompts, responses):
+        if max(p + y) >= vocab:
+            raise ValueError(
+                f"pool line {r['_line']}: token id {max(p + y)} is outside the vocabulary of {model_name} "
+                f"({vocab} tokens); the pool comes from a model with another tokenizer"
+            )
+        if context is not None and len(p) + len(y) > context:
+            raise ValueError(
+                f"pool line {r['_line']}: prompt {len(p)} + response {len(y)} tokens = {len(p) + len(y)} exceed the "
+                f"context of {model_name} ({context} tokens, max_position_embeddings)"
+            )
+
+
+def _forward_pool(model, prompts, responses, *, pad_id: int, device: str, batch_size: int) -> np.ndarray:
+    """``(n,)`` float64 lpm of every response: sorted by length, ``batch_size`` per forward pass (:func:`_batch_lpm`),
+    in the pool's order again."""
+    import torch
+
+    accepts_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]) + len(responses[i]), i))
+    lpm = np.empty(len(prompts), dtype=np.float64)
     with torch.inference_mode():
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
             lpm[rows] = _batch_lpm(
                 model, [prompts[i] for i in rows], [responses[i] for i in rows], pad_id, device, accepts_keep
             )
-    info.forward_s = time.perf_counter() - t0
     return lpm
 
 
@@ -474,21 +519,3 @@ def teacher_forced_metrics(lpm, correct, question_ids) -> dict:
         "lpm_correct_mean": mean(lpm[correct]),
         "lpm_incorrect_mean": mean(lpm[~correct]),
     }
-
-
-#: the command line's names (:mod:`capo_verl.evaluation.teacher_forced_cli`), still importable from here
-_CLI_NAMES = ("add_arguments", "build_parser", "run", "main")
-
-
-def __getattr__(name: str):
-    if name in _CLI_NAMES:
-        from capo_verl.evaluation import teacher_forced_cli
-
-        return getattr(teacher_forced_cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    from capo_verl.evaluation.teacher_forced_cli import main
-
-    sys.exit(main())

@@ -3,36 +3,42 @@
 
     capo-verl eval teacher-forced --pool runs/base.jsonl --benchmarks gsm8k math500 \\
         --model ckpt/step_0 ckpt/step_100 ckpt/step_200 --out runs/teacher_forced.json
+
+The library never imports this module; ``capo-verl eval`` (:mod:`capo_verl.evaluation.cli`) adds it as a sub-command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from capo_verl import commands
 from capo_verl.evaluation.score import parse_labelled
 from capo_verl.evaluation.teacher_forced import (
-    PROG,
     ScoreInfo,
-    _problems_for,
-    _torch_dtype,
+    problems_for,
     question_keys,
     read_pool,
+    resolve_device,
     resolve_model_path,
     score_pool,
     teacher_forced_metrics,
+    torch_dtype,
 )
 
-logger = logging.getLogger("capo_verl.evaluation")
+COMMAND = "eval teacher-forced"
+DESCRIPTION = (
+    "Score a fixed pool of responses with each checkpoint by teacher forcing (mean token log-prob, nats) and report "
+    "the AUC-mean of that lpm against the pool's fixed correctness: how each checkpoint ranks the SAME responses, not "
+    "its own samples."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -56,27 +62,80 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="shipped benchmarks (default, with no --data: the pool's data sources)",
     )
     src.add_argument("--tokenizer", default=None, help="tokenizer folder for every model (default: each model's own)")
-    run = p.add_argument_group("forward pass")
-    run.add_argument("--batch-size", type=int, default=8, help="responses per forward pass (default 8)")
-    run.add_argument("--dtype", default="float32", help="weight dtype: float32 (default), bfloat16, float16")
-    run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
-    run.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    run_ = p.add_argument_group("forward pass (transformers)")
+    commands.add_option(run_, "--batch-size")
+    commands.add_option(
+        run_,
+        "--dtype",
+        default="float32",
+        why="checkpoints are compared on lpm differences that bfloat16 rounding would blur",
+        help="weight dtype: float32, bfloat16 or float16",
+    )
+    commands.add_option(
+        run_,
+        "--device",
+        help="where the model runs: auto (a CUDA GPU when there is one, else cpu), cpu, cuda or cuda:N (default auto)",
+        metavar="{auto,cpu,cuda,cuda:N}",
+    )
+    commands.add_option(run_, "--threads", help="CPU threads for torch (default: torch's choice)")
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The standalone parser, ``prog="capo-verl eval teacher-forced"``."""
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Score a fixed pool of responses with each checkpoint by teacher forcing (mean token "
-        "log-prob, nats) and report the AUC-mean of that lpm against the pool's fixed correctness: how each "
-        "checkpoint ranks the SAME responses, not its own samples.",
-    )
-    return add_arguments(p)
+    return add_arguments(commands.parser(COMMAND, DESCRIPTION))
 
 
 def _finite_or_none(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], Path, list[dict]]:
+    """Every check that needs no model: options, ``--out``, the pool, the checkpoints' folders and the prompts.
+
+    Returns:
+        ``(models, out, pool)``: ``{label: path}``, the ``--out`` path and the pool's records.
+
+    Raises:
+        UsageError: ``--threads`` outside the usable cores; an ``--out`` that is not ``.json`` or cannot be written.
+        ValueError, FileNotFoundError: a bad ``--dtype`` or ``--device``, pool, checkpoint or data
+            (:func:`~capo_verl.evaluation.teacher_forced.read_pool`, ...).
+    """
+    if args.threads is not None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if not 1 <= args.threads <= cores:
+            raise commands.UsageError(f"--threads must lie in [1, {cores}] (the usable cores), got {args.threads}")
+    torch_dtype(args.dtype)
+    resolve_device(args.device)
+    models = parse_labelled(args.model, what="--model", default_label=str)
+    out = commands.check_out_file(args.out, "--out", suffix=".json")
+    pool = read_pool(args.pool)
+    for path in models.values():  # refuse a missing checkpoint before the first one is scored
+        resolve_model_path(path)
+    problems_for(pool, args.data, args.benchmarks)  # and a pool question missing from the data
+    return models, out, pool
+
+
+def _model_entry(path: str, lpm: np.ndarray, lpm_file: Path, pool_columns: tuple, info: ScoreInfo) -> dict:
+    """One model's part of ``--out``: its metrics over all and per data source, its lpm file, tokens and timings."""
+    correct, keys, sources = pool_columns
+    return {
+        "model": path,
+        "metrics": _finite_or_none(teacher_forced_metrics(lpm, correct, keys)),
+        "by_data_source": {
+            s: _finite_or_none(teacher_forced_metrics(lpm[sources == s], correct[sources == s], keys[sources == s]))
+            for s in sorted(set(sources))
+        },
+        "lpm_file": str(lpm_file),
+        "tokens": {
+            "prompt": info.prompt_tokens,
+            "response": info.response_tokens,
+            "from_token_ids": info.from_token_ids,
+            "retokenized": info.retokenized,
+            "retokenized_count_mismatch": info.retokenized_count_mismatch,
+        },
+        "wall_s": {"load": round(info.load_s, 3), "forward": round(info.forward_s, 3)},
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,29 +144,18 @@ def run(args: argparse.Namespace) -> int:
     ``--out`` holds ``{"pool", "n_responses", "n_questions", "pool_metrics" (the pool's own sampling-time lpm, when
     every line has a finite one), "settings", "models": {label: {"model", "metrics", "by_data_source", "lpm_file",
     "tokens", "wall_s"}}}``; ``lpm_file`` is a ``(n,)`` float64 ``.npy`` (nats) aligned with the pool's lines.
-    Non-finite floats are written as null.
+    Non-finite floats are written as null. Everything :func:`check_arguments` checks is checked before the first
+    model loads; nothing is written (no folder made) before the first model is scored.
 
     Raises:
-        ValueError, FileNotFoundError: as :func:`score_pool`, or bad options.
+        UsageError, ValueError, FileNotFoundError: as :func:`check_arguments` and
+            :func:`~capo_verl.evaluation.teacher_forced.score_pool`.
     """
     import torch
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    models, out, pool = check_arguments(args)
     if args.threads is not None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if not 1 <= args.threads <= cores:
-            raise ValueError(f"--threads must lie in [1, {cores}] (the usable cores), got {args.threads}")
         torch.set_num_threads(args.threads)
-    _torch_dtype(args.dtype)
-    models = parse_labelled(args.model, what="--model", default_label=str)
-    out = Path(args.out)
-    if out.suffix != ".json":
-        raise ValueError(f"--out {out}: expected a .json file name")
-    pool = read_pool(args.pool)
-    for path in models.values():  # refuse a missing checkpoint before the first one is scored
-        resolve_model_path(path)
-    _problems_for(pool, args.data, args.benchmarks)  # and a pool question missing from the data
     keys = question_keys(pool)
     correct = np.array([r["correct"] for r in pool], dtype=bool)
     sources = np.array([r["data_source"] for r in pool], dtype=object)
@@ -128,7 +176,6 @@ def run(args: argparse.Namespace) -> int:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in own):
         result["pool_metrics"] = _finite_or_none(teacher_forced_metrics(own, correct, keys))
     result["models"] = {}
-    out.parent.mkdir(parents=True, exist_ok=True)
     for n, (label, path) in enumerate(models.items()):
         info = ScoreInfo(model=path)
         lpm = score_pool(
@@ -142,32 +189,16 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             info=info,
         )
+        out.parent.mkdir(parents=True, exist_ok=True)
         lpm_file = out.with_name(f"{out.stem}.{n}.npy")
         np.save(lpm_file, lpm)
-        metrics = teacher_forced_metrics(lpm, correct, keys)
-        entry = {
-            "model": path,
-            "metrics": _finite_or_none(metrics),
-            "by_data_source": {
-                s: _finite_or_none(teacher_forced_metrics(lpm[sources == s], correct[sources == s], keys[sources == s]))
-                for s in sorted(set(sources))
-            },
-            "lpm_file": str(lpm_file),
-            "tokens": {
-                "prompt": info.prompt_tokens,
-                "response": info.response_tokens,
-                "from_token_ids": info.from_token_ids,
-                "retokenized": info.retokenized,
-                "retokenized_count_mismatch": info.retokenized_count_mismatch,
-            },
-            "wall_s": {"load": round(info.load_s, 3), "forward": round(info.forward_s, 3)},
-        }
-        result["models"][label] = entry
+        entry = result["models"][label] = _model_entry(path, lpm, lpm_file, (correct, keys, sources), info)
         out.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a kill keeps the finished ones
-        auc = metrics["auc_mean"]
+        metrics = entry["metrics"]
         print(
-            f"{label}: AUC-mean {auc:.4f} ({metrics['n_mixed_questions']} mixed questions), lpm correct "
-            f"{metrics['lpm_correct_mean']:.4f} / incorrect {metrics['lpm_incorrect_mean']:.4f} nats, "
+            f"{label}: AUC-mean {_fmt(metrics['auc_mean'])} ({metrics['n_mixed_questions']} mixed "
+            f"questions), lpm correct {_fmt(metrics['lpm_correct_mean'])} / incorrect "
+            f"{_fmt(metrics['lpm_incorrect_mean'])} nats, "
             f"{info.response_tokens / max(info.forward_s, 1e-9):.0f} response tokens/s",
             file=sys.stderr,
         )
@@ -175,27 +206,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``capo-verl eval teacher-forced``; returns the exit code.
+def _fmt(x: float | None) -> str:
+    return "nan" if x is None else f"{x:.4f}"
 
-    A usage or input error (``ValueError``, ``FileNotFoundError``, ``ImportError``) prints one line
-    ``capo-verl eval teacher-forced: error: ...`` to stderr and returns 2, without a traceback; argparse's own
-    usage errors exit with 2 as well.
-    """
-    args = build_parser().parse_args(argv)
-    log = logging.getLogger("capo_verl.evaluation")
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, ImportError) as e:
-        message = re.sub(r"\s*\n\s*", " ", str(e).strip())
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``capo-verl eval teacher-forced``; returns the exit status (:func:`capo_verl.commands.main`)."""
+    return commands.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

