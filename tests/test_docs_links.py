@@ -7,6 +7,11 @@ The docs' citations are checked too (:func:`check_citations`, over the whole tex
 it); a ``::name`` without a file refers to the last ``tests/...py`` before it in the same table cell (or line,
 outside tables); every ``tests/...`` and ``benchmarks/results/...`` path exists.
 
+Every figure README.md quotes names its source (:func:`check_figure_sources`): a paragraph, list item or table row
+of README.md that holds a measured figure (a number with a unit of time, share, ratio, memory or points, a signed
+difference, a count of passed or failed tests) links to a committed file under ``benchmarks/results/`` or
+``docs/results/``.
+
 What counts as a link: inline links and images ``[text](target "title")`` / ``![alt](target)``, reference
 definitions ``[id]: target``, and ``href="..."`` / ``src="..."`` of HTML tags. Fenced code blocks and inline code
 spans are skipped.
@@ -15,7 +20,9 @@ spans are skipped.
 from __future__ import annotations
 
 import ast
+import functools
 import re
+import subprocess
 import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
@@ -242,6 +249,82 @@ def check_citations(path: Path, root: Path = REPO) -> list[str]:
     return errors
 
 
+# ------------------------------------------------------------------------------------ README's figures and sources
+#: a measured figure: a number with a unit (``5 min``, ``29 s``, ``13.7%``, ``6.8x``, ``112 MiB``, ``+4.2 points``,
+#: ``17 passed``) or a signed difference (``-0.005``); versions (``0.9.1``), names (``SmolLM2-135M``, ``x86-64``)
+#: and code spans are not figures
+_FIGURE = re.compile(
+    r"(?<![\w.])[+-]?\d[\d,]*(?:\.\d+)?\s?"
+    r"(?:%|x\b|×|min\b|s\b|ms\b|h\b|points?\b|[KMGT]i?B\b|[GT]FLOP/s|passed\b|failed\b)"
+    r"|(?<![\w.])[+-]\d[\d,]*(?:\.\d+)?(?![\w.])"
+)
+#: where a figure's source file may be
+SOURCE_FOLDERS = ("benchmarks/results/", "docs/results/")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s")
+
+
+def _blocks(text: str) -> list[list[tuple[int, str]]]:
+    """The paragraphs, list items and table rows of ``text`` as lists of ``(line number, prose line)``; blank lines,
+    headings and fenced code end them (code spans blanked, as in :func:`_prose_lines`)."""
+    blocks: list[list[tuple[int, str]]] = []
+    current: list[tuple[int, str]] | None = None
+    previous = 0
+    for number, line in _prose_lines(text):
+        after_fence, previous = number != previous + 1, number
+        if not line.strip() or _ATX.match(line):
+            current = None
+            continue
+        if current is None or after_fence or _LIST_ITEM.match(line) or line.lstrip().startswith("|"):
+            current = []
+            blocks.append(current)
+        current.append((number, line))
+    return blocks
+
+
+@functools.cache
+def _tracked(root: Path) -> frozenset[str] | None:
+    """The files git tracks under ``root`` (staged ones included); None where ``root`` is not a git checkout."""
+    try:
+        run = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return frozenset(run.stdout.split("\0")) - {""} if run.returncode == 0 else None
+
+
+def check_figure_sources(path: Path, root: Path = REPO) -> list[str]:
+    """Blocks of ``path`` that quote a figure without a link to a committed file under :data:`SOURCE_FOLDERS`, as
+    ``"file:line: figures: reason"``. Committed: tracked by git (where ``root`` is a checkout), else existing."""
+    text = path.read_text(encoding="utf-8")
+    rel = path.relative_to(root)
+    links: dict[int, list[str]] = {}
+    for number, target in iter_links(text):
+        links.setdefault(number, []).append(target)
+    tracked = _tracked(root)
+    errors = []
+    for block in _blocks(text):
+        figures = [m.group(0) for _, line in block for m in _FIGURE.finditer(line)]
+        if not figures:
+            continue
+        sources = []
+        for number, _ in block:
+            for target in links.get(number, []):
+                if _SCHEME.match(target) or not target.split("#")[0]:
+                    continue
+                file = (path.parent / unquote(target.split("#")[0])).resolve()
+                try:
+                    name = file.relative_to(root.resolve()).as_posix()
+                except ValueError:
+                    continue
+                if name.startswith(SOURCE_FOLDERS) and file.is_file() and (tracked is None or name in tracked):
+                    sources.append(name)
+        if not sources:
+            errors.append(
+                f"{rel}:{block[0][0]}: {', '.join(figures)}: no link to a committed file under "
+                f"{' or '.join(SOURCE_FOLDERS)} in the same paragraph, list item or table row"
+            )
+    return errors
+
+
 # --------------------------------------------------------------------------------------------------------- tests
 def test_every_relative_link_and_anchor_in_the_docs_resolves():
     files = doc_files()
@@ -253,6 +336,34 @@ def test_every_relative_link_and_anchor_in_the_docs_resolves():
 def test_every_cited_test_and_result_file_exists():
     errors = [e for f in doc_files() for e in check_citations(f)]
     assert not errors, "citations of tests or results that do not exist:\n" + "\n".join(errors)
+
+
+def test_every_figure_in_the_readme_links_its_committed_source():
+    errors = check_figure_sources(REPO / "README.md")
+    assert not errors, "figures in README.md without their source:\n" + "\n".join(errors)
+
+
+def test_the_figure_checker_finds_figures_without_a_source(tmp_path):
+    (tmp_path / "benchmarks" / "results" / "run_1").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "run_1" / "README.md").write_text("# run 1\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "cpu.md").write_text("# CPU\n")
+    (tmp_path / "README.md").write_text(
+        "# Top\n\n"
+        "Sourced: 5 min 29 s and 13.7%\n"
+        "([record](benchmarks/results/run_1/README.md)).\n\n"
+        "- a bullet with its source: 6.8x ([run](benchmarks/results/run_1/README.md#run-1))\n"
+        "- a bullet without: 41 min, after the sourced one\n"
+        "  on two lines.\n\n"
+        "A doc page is no source: +4.2 points and -0.005 ([CPU](docs/cpu.md)).\n\n"
+        "A missing file is none: 17 passed ([gone](benchmarks/results/run_2/README.md)).\n\n"
+        "| what | figure |\n|---|---|\n| row | 112 MiB |\n\n"
+        "Not figures: verl 0.9.1, SmolLM2-135M on x86-64, 6 steps, 2 seeds, `3.5x in code`, in seconds.\n\n"
+        "```\n9 min in a fence\n```\n"
+    )
+    errors = check_figure_sources(tmp_path / "README.md", tmp_path)
+    found = sorted(e.split(": ")[0].split(":")[1] + " " + e.split(": ")[1] for e in errors)
+    assert found == sorted(["7 41 min", "10 +4.2 points, -0.005", "12 17 passed", "16 112 MiB"]), errors
 
 
 def test_the_citation_checker_finds_missing_tests_and_files(tmp_path):
