@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from capo_verl import commands
 from capo_verl.compare import teacher_forced
 from capo_verl.compare.config import (
     DEFAULT_CONFIG,
@@ -34,22 +36,6 @@ from capo_verl.compare.report import write_report
 from capo_verl.compare.running import evaluate, generate_heldout, run_method, share_step0
 from capo_verl.compare.seeds import write_seeds_summary
 from capo_verl.compare.verdict import PlanError, StudyPlan, load_plan
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block: main() prints it and exits 2
-        raise UsageError(message)
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 #: at most this many training seeds in one command: each is a folder of trained runs
 MAX_SEEDS = 100
@@ -77,7 +63,7 @@ def _seed_list(text: str) -> list[int]:
 
 def _val_questions(text: str) -> int | str:
     """``--val-questions``: an integer >= 1, or ``all``."""
-    return VAL_ALL if text == VAL_ALL else _at_least_one(text)
+    return VAL_ALL if text == VAL_ALL else commands.positive_int(text)
 
 
 #: what a training seed sets: verl's dataloader shuffle and the base of every rollout request's seed
@@ -91,9 +77,9 @@ def seed_overrides(seed: int) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; its ``error()`` raises :class:`UsageError` instead of exiting."""
-    p = _Parser(
-        prog="capo-verl compare",
+    """The argument parser (:func:`capo_verl.commands.parser`: its errors are one line, exit 2)."""
+    p = commands.parser(
+        "compare",
         description="Train several methods with verl's trainer under identical settings and compare their "
         "calibration (validation AUC-mean, accuracy, training AUC-mean, entropy) with bootstrap intervals.",
         epilog="methods: " + "; ".join(f"{k}: {v.description}" for k, v in METHODS.items()),
@@ -129,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of the config (default: the configs shipped with capo-verl, a checkout's configs/)",
     )
     p.add_argument(
-        "--steps", type=_at_least_one, default=None, help="trainer.total_training_steps, >= 1 (default: the config's)"
+        "--steps",
+        type=commands.positive_int,
+        default=None,
+        help="trainer.total_training_steps, >= 1 (default: the config's)",
     )
     p.add_argument(
         "--data-dir", default=None, help="where the default config's data is written (default ~/data/capo/compare)"
@@ -168,9 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-eval", action="store_true", help="skip `capo-verl eval` of the final checkpoints")
     p.add_argument(
-        "--eval-k", type=_at_least_one, default=8, help="samples per held-out problem in the evaluation (default 8)"
+        "--eval-k",
+        type=commands.positive_int,
+        default=8,
+        help="samples per held-out problem in the evaluation (default 8)",
     )
-    p.add_argument("--n-boot", type=_at_least_one, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--n-boot", type=commands.positive_int, default=2000, help="bootstrap resamples (default 2000)")
     p.add_argument(
         "--seeds",
         type=_seed_list,
@@ -183,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--teacher-forced",
-        type=_at_least_one,
+        type=commands.positive_int,
         default=None,
         metavar="K",
         help="teacher-forced calibration: draw a pool of K base-model responses per validation question once "
@@ -373,61 +365,62 @@ def _seeds_text(seeds) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``capo-verl compare``; returns the exit code: 0, 1 (a training or evaluation failed), 2 (refused),
-    130 (stopped by Ctrl-C: the same command goes on)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        # intermixed: Hydra overrides may stand before, between and after the options
-        args = build_parser().parse_intermixed_args(argv)
-        out = Path(args.out).expanduser().resolve()
-        if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-            raise UsageError(f"--seeds lists a seed more than once: {_seeds_text(args.seeds)}")
-        if args.share_step0 and (args.seeds is None or len(args.methods) < 2):
-            raise UsageError("--share-step0 shares the first method's step-0 pass within a seed: add --seeds K")
-        study = _check_plan(args)
-        if args.plot_only:
-            return _plot_only(out, args, study)
-        # every seed's plan and folder is checked before anything is written or trained
-        units = {None: out} if args.seeds is None else {k: out / f"seed{k}" for k in args.seeds}
-        plan = make_plan(args)  # every method's config composed and checked once; the seeds' plans follow from it
-        plans = {k: plan if k is None else seed_plan(plan, args, k) for k in units}
-        eval_k = args.eval_k if not args.no_eval and plan.data_dir is not None else None
-        if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
-            prepare_out(out, {**plan.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
-        for k, folder in units.items():
-            reuse = args.reuse_out if k is None else False
-            prepare_out(folder, plans[k].settings, plans[k].method_settings, eval_k=eval_k, reuse=reuse)
-    except UsageError as exc:
-        print(f"capo-verl compare: error: {exc}", file=sys.stderr)
-        return 2
+    130 (stopped by Ctrl-C: the same command goes on). One line on stderr for each but 0
+    (:func:`capo_verl.commands.main`)."""
+    # intermixed: Hydra overrides may stand before, between and after the options
+    return commands.main(build_parser(), functools.partial(_run, argv=argv), argv, intermixed=True)
 
-    (out / "compare.json").write_text(
-        json.dumps(
-            {
-                "argv": argv,
-                "methods": args.methods,
-                "seeds": args.seeds,
-                "config": args.config,
-                "config_dir": str(plan.config_dir),
-                "overrides": plan.overrides,
-            },
-            indent=2,
-        )
-    )
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Check everything, then train, evaluate and summarize (see the module doc).
+
+    Raises:
+        UsageError: a refused request, before anything is written or trained.
+        capo_verl.commands.RunFailed: a training or evaluation failed.
+    """
+    out = Path(args.out).expanduser().resolve()
+    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+        raise UsageError(f"--seeds lists a seed more than once: {_seeds_text(args.seeds)}")
+    if args.share_step0 and (args.seeds is None or len(args.methods) < 2):
+        raise UsageError("--share-step0 shares the first method's step-0 pass within a seed: add --seeds K")
+    study = _check_plan(args)
+    if args.plot_only:
+        return _plot_only(out, args, study)
+    # every seed's plan and folder is checked before anything is written or trained
+    units = {None: out} if args.seeds is None else {k: out / f"seed{k}" for k in args.seeds}
+    plan = make_plan(args)  # every method's config composed and checked once; the seeds' plans follow from it
+    plans = {k: plan if k is None else seed_plan(plan, args, k) for k in units}
+    eval_k = args.eval_k if not args.no_eval and plan.data_dir is not None else None
+    if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
+        prepare_out(out, {**plan.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
+    for k, folder in units.items():
+        reuse = args.reuse_out if k is None else False
+        prepare_out(folder, plans[k].settings, plans[k].method_settings, eval_k=eval_k, reuse=reuse)
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    record = {
+        "argv": argv,
+        "methods": args.methods,
+        "seeds": args.seeds,
+        "config": args.config,
+        "config_dir": str(plan.config_dir),
+        "overrides": plan.overrides,
+    }
+    (out / "compare.json").write_text(json.dumps(record, indent=2))
     try:
         _train_units(args, out, plan, plans, units, eval_k)
-        if args.prepare_only:
-            print(f"[compare] prepared {out}: data, model and teacher-forced pool; nothing trained", flush=True)
-            return 0
     except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:
-        print(f"capo-verl compare: {exc}", file=sys.stderr)
-        return 1
+        raise commands.RunFailed(str(exc)) from exc
     except KeyboardInterrupt:
         print(
             "capo-verl compare: stopped. The same command goes on: finished methods are kept, a stopped one resumes "
             "from its last checkpoint (trainer.save_freq sets how often one is written)",
             file=sys.stderr,
         )
-        return 130
+        return commands.INTERRUPTED
+    if args.prepare_only:
+        print(f"[compare] prepared {out}: data, model and teacher-forced pool; nothing trained", flush=True)
+        return 0
     _summarize(out, args, study)
     return 0
 

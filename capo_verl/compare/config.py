@@ -14,6 +14,8 @@ import logging
 import warnings
 from pathlib import Path
 
+from capo_verl import commands
+
 #: the configs shipped with capo-verl (the base configs ``--config`` names by default)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = "compare_smollm2_135m_cpu"
@@ -27,8 +29,9 @@ MIN_VAL_QUESTIONS, MIN_VAL_SAMPLES = 64, 8
 VAL_ALL, VAL_ALL_HELDOUT_AFTER = "all", 256
 
 
-class UsageError(Exception):
-    """A request ``capo-verl compare`` refuses before training anything (the CLI prints it on one line, exit 2)."""
+class UsageError(commands.UsageError):
+    """A request ``capo-verl compare`` refuses before training anything (the CLI prints it on one line, exit 2:
+    :func:`capo_verl.commands.main`)."""
 
 
 def find_config_dir(config_name: str, config_dir: str | Path | None = None) -> Path:
