@@ -55,7 +55,7 @@ from capo_verl.estimators.cde import CdeConfig, compute_cde_outcome_advantage
 from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
 from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 
-from . import after_import, check_signature
+from . import after_import, patch
 from .advantage import register_batch_aware_adv_est
 from .codapo_sampling import check_resample_setup
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
@@ -119,7 +119,8 @@ ESTIMATORS: dict[str, EstimatorSpec] = {
 SECTIONS = {"capo": CapoConfig, "codapo": CodapoConfig, "cde": CdeConfig}
 
 
-def _register_all(core_algos=None) -> None:
+@patch("verl.trainer.ppo.core_algos", {"register_adv_est": ("name_or_enum",), "ADV_ESTIMATOR_REGISTRY": None})
+def _register_all(core_algos) -> None:
     for name, spec in ESTIMATORS.items():
         register_batch_aware_adv_est(
             name,
@@ -311,6 +312,7 @@ def check_method_configs(config) -> None:
     check_run_config(config)
 
 
+@patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils) -> None:
     """verl/utils/config.py: ``validate_config`` first resolves the CPU compute dtype in place
     (:func:`capo_verl.precision.resolve_in_place`: once, in the process that starts the run, with one log line),
@@ -318,7 +320,6 @@ def _patch_validate_config(config_utils) -> None:
     original = config_utils.validate_config
     if getattr(original, "__capo_verl__", False):
         return
-    check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
 
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
