@@ -259,14 +259,15 @@ def test_uid_with_none_is_rejected():
 
 
 def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
-    from capo_verl.estimators.common import _CPU_ROW_BLOCK, sequence_mean
+    from capo_verl.estimators.common import _CPU_ROW_BLOCK, row_sweep
 
     g = torch.Generator().manual_seed(0)
     bs, T = 2 * _CPU_ROW_BLOCK + 37, 50
     values = torch.randn(bs, T, generator=g, dtype=torch.float64).to(torch.bfloat16)
     lengths = torch.randint(0, T + 1, (bs,), generator=g)
     mask = (torch.arange(T) < lengths.unsqueeze(1)).to(torch.int64)
-    mean, n_valid = sequence_mean(values, mask, "old_log_probs")
+    _, n_valid, sums, _ = row_sweep(mask, {"old_log_probs": values})
+    mean = sums["old_log_probs"] / n_valid.clamp_min(1.0)
     expected = (values.double() * mask).sum(-1) / lengths.clamp_min(1)
     assert torch.equal(n_valid, lengths.float())
     torch.testing.assert_close(mean.double(), expected, rtol=1e-5, atol=1e-6)
