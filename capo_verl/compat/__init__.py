@@ -197,7 +197,7 @@ def patch(module: str, targets: Mapping[str, Sequence[str] | None], written_agai
         written_against: that release; default ``verl <first of TESTED_VERL_VERSIONS>``.
 
     Raises:
-        ValueError: another patch is already declared under ``fn``'s qualified name.
+        ValueError: a patch of another module is already declared under ``fn``'s qualified name.
     """
     release = written_against or f"verl {TESTED_VERL_VERSIONS[0]}"
     frozen = {path: None if expected is None else tuple(expected) for path, expected in targets.items()}
