@@ -84,9 +84,14 @@ def _worker_setup() -> None:
     folder = os.environ.get(HANDSHAKE_ENV)
     if not folder:
         return
-    from capo_verl.compat import after_import
+    import functools
 
-    after_import("verl.trainer.ppo.v1.trainer_sync", lambda module: _patch_trainer(module, Path(folder)))
+    from capo_verl.compat import after_import, patch
+
+    module_name = "verl.trainer.ppo.v1.trainer_sync"
+    methods = ("on_step_begin", "prepare_step", "on_sample_end")
+    declared = patch(module_name, {f"PPOTrainerSync.{name}": ("self",) for name in methods})(_patch_trainer)
+    after_import(module_name, functools.partial(declared, folder=Path(folder)))
 
 
 def _append(path: Path, record: dict) -> None:

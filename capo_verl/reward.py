@@ -35,8 +35,8 @@ Grading, per response:
 
 Time bound: math-verify's own timeouts use ``signal.alarm``, which only works in a process's main thread
 and so not in verl's reward threads. Here math-verify runs with its timeouts off (``parsing_timeout=None``,
-``timeout_seconds=None``) in separate worker processes (``python -c`` children speaking JSON lines over
-pipes; no ``multiprocessing``, so nothing depends on the Ray worker's ``__main__``). A call waits at most
+``timeout_seconds=None``) in separate worker processes (``capo_verl/_reward_worker.py`` children speaking JSON
+lines over pipes; no ``multiprocessing``, so nothing depends on the Ray worker's ``__main__``). A call waits at most
 ``timeout_s`` seconds (default :data:`DEFAULT_TIMEOUT_S`) for its verdict; a worker that misses the deadline
 (e.g. sympy expanding ``9^{9^{9^9}}``) or dies is killed and replaced, the response scores 0.0 and a warning
 is logged. Workers are started lazily, reused across calls, and capped at ``CAPO_REWARD_PROCS``
@@ -240,38 +240,18 @@ def plain_number_answer(normalized: str) -> str | None:
 # --------------------------------------------------------------------------------------------------------
 # 4. math-verify in worker processes
 # --------------------------------------------------------------------------------------------------------
-# The child runs this code with ``python -c`` (it does not import capo_verl, whose ``__init__`` imports verl and
-# torch: a worker needs only math-verify, ~0.5 s to start and ~100 MB). Protocol: one JSON line per request
-# on stdin, {"gold", "pred"}; one line per reply on the original stdout, {"ok", "correct", "pred"} or
-# {"ok": false, "error"}; anything else that prints goes to stderr.
-_WORKER_CODE = r"""
-import json, logging, os, sys
-proto = os.fdopen(os.dup(1), "w", buffering=1)
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-logging.getLogger("math_verify").setLevel(logging.ERROR)
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-configs = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-proto.write(json.dumps({"ready": True}) + "\n")
-for line in sys.stdin:
-    req = json.loads(line)
-    try:
-        gold = parse(req["gold"], extraction_config=configs, parsing_timeout=None)
-        pred = parse(req["pred"], extraction_config=configs, parsing_timeout=None)
-        correct = bool(gold and pred and verify(gold, pred, timeout_seconds=None))
-        out = {"ok": True, "correct": correct, "pred": str(pred[-1]) if pred else ""}
-    except Exception as exc:
-        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    proto.write(json.dumps(out) + "\n")
-"""
+# The child runs capo_verl/_reward_worker.py by path: it does not import capo_verl, whose ``__init__`` imports verl and
+# torch (a worker needs only math-verify, ~0.5 s to start and ~100 MB). Protocol (JSON lines over its stdin and
+# stdout): in the worker's docstring.
+_WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reward_worker.py")
 
 
 class _Worker:
-    """One ``python -c`` child running :data:`_WORKER_CODE`."""
+    """One child process running :data:`_WORKER_SCRIPT` (``capo_verl/_reward_worker.py``)."""
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE],
+            [sys.executable, _WORKER_SCRIPT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
@@ -282,7 +262,7 @@ class _Worker:
         if ready is None or not ready.get("ready"):
             self.kill()
             raise RuntimeError(
-                f"capo_verl.reward: the math-verify worker ({sys.executable} -c <capo_verl.reward._WORKER_CODE>) "
+                f"capo_verl.reward: the math-verify worker ({sys.executable} {_WORKER_SCRIPT}) "
                 f"did not start within {STARTUP_TIMEOUT_S:.0f} s; check that math-verify imports in this Python "
                 "(pip install 'math-verify[antlr4_9_3]'; the worker's stderr is above)"
             )

@@ -560,3 +560,79 @@ def load_hf_model():
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
 
     return load
+# =====================================================================================================================
+# Estimator harnesses (test_cde.py, test_codapo.py, test_estimator.py, test_v1_step_metrics.py): batches of responses
+# with a constant per-token log-prob, the sequence values of a broadcast advantage, and verl's TransferQueue.
+# =====================================================================================================================
+def make_constant_batch(lpms, rewards, lengths=None, T: int = 6):
+    """Responses with a constant per-token log-prob on their valid tokens and one reward on the last of them.
+
+    Args:
+        lpms: ``(bs,)`` each response's per-token log-prob (nats), on every one of its valid tokens.
+        rewards: ``(bs,)`` each response's reward, put on its last valid token (nowhere for a response of 0 tokens).
+        lengths: ``(bs,)`` valid tokens per response, each in ``0..T`` (default: all ``T``).
+        T: the response length.
+
+    Returns:
+        ``(token_level_rewards, response_mask, log_probs)``: ``(bs, T)`` float32, ``(bs, T)`` int64 and ``(bs, T)``
+        float32 with -50 on padding (an estimator that read padding would show it).
+    """
+    import torch
+
+    bs = len(lpms)
+    lengths = [T] * bs if lengths is None else list(lengths)
+    mask = torch.zeros(bs, T, dtype=torch.int64)
+    token_rewards = torch.zeros(bs, T)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        if n:
+            token_rewards[i, n - 1] = float(rewards[i])
+    log_probs = torch.tensor(lpms, dtype=torch.float32).unsqueeze(1).expand(bs, T).clone()
+    log_probs[mask == 0] = -50.0
+    return token_rewards, mask, log_probs
+
+
+def sequence_values(adv, mask):
+    """``(bs,)`` numpy array: the value of a broadcast ``(bs, T)`` advantage on each response's valid tokens (0.0 for a
+    response without any); asserts that it is the same on every valid token and exactly 0 on padding."""
+    import numpy as np
+    import torch
+
+    out = []
+    for a, m in zip(adv, mask.bool()):
+        assert torch.all(a[~m] == 0)
+        if m.any():
+            assert torch.all(a[m] == a[m][0])
+        out.append(float(a[m][0]) if m.any() else 0.0)
+    return np.array(out)
+
+
+@pytest.fixture(scope="session")
+def constant_batch():
+    """:func:`make_constant_batch`."""
+    return make_constant_batch
+
+
+@pytest.fixture(scope="session")
+def seq():
+    """:func:`sequence_values`."""
+    return sequence_values
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """verl's TransferQueue (``transfer_queue``) on a local Ray with one SimpleStorage unit, as the v1 trainer uses it;
+    closed, and Ray shut down, after the module's tests."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init(
+        OmegaConf.create(
+            {"backend": {"storage_backend": "SimpleStorage", "SimpleStorage": {"num_data_storage_units": 1}}}
+        )
+    )
+    yield tq
+    tq.close()
+    ray.shutdown()

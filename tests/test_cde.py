@@ -19,26 +19,6 @@ from capo_verl.compat.advantage import pop_step_metrics
 from capo_verl.estimators.cde import CdeConfig, cde_bonus_weight, compute_cde_outcome_advantage
 
 
-def constant_batch(lpms, rewards, lengths, T=6):
-    bs = len(lpms)
-    mask = torch.zeros(bs, T, dtype=torch.int64)
-    rew = torch.zeros(bs, T)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = 1
-        rew[i, n - 1] = rewards[i]
-    lp = torch.tensor(lpms, dtype=torch.float32).unsqueeze(1).expand(bs, T).clone()
-    lp[mask == 0] = -50.0  # padding is never read
-    return rew, mask, lp
-
-
-def seq(adv, mask):
-    out = []
-    for a, m in zip(adv, mask.bool()):
-        assert torch.all(a[~m] == 0) and torch.all(a[m] == a[m][0])
-        out.append(float(a[m][0]))
-    return np.array(out)
-
-
 def cde(rew, mask, index, lp, step=None, norm=True, **cfg):
     config = {"cde": cfg, "norm_adv_by_std_in_grpo": norm}
     adv, ret = compute_cde_outcome_advantage(
@@ -48,7 +28,7 @@ def cde(rew, mask, index, lp, step=None, norm=True, **cfg):
     return adv
 
 
-def test_hand_computed_group_with_padding_and_a_second_group():
+def test_hand_computed_group_with_padding_and_a_second_group(constant_batch, seq):
     # group q: correct, correct, wrong, wrong with lpm -0.1, -0.6, -0.2, -0.9 -> B = 0.1, 0.6, 0.2, 0.9
     #   min(1/3, B) = 0.1, 1/3, 0.2, 1/3 -> R~ = 1.1, 4/3, -0.8, -2/3 (w = 1)
     # group r (interleaved, 0/1 rewards of 1 and 0): lpm -2, -0.05 -> R~ = 1 + 1/3, -1 + 0.05
@@ -73,7 +53,7 @@ def test_hand_computed_group_with_padding_and_a_second_group():
     assert m["capo/mixed_group_frac"] == 1.0 and m["capo/auc_mean"] == pytest.approx((3 / 4 + 0) / 2)
 
 
-def test_kappa_alpha_and_no_std():
+def test_kappa_alpha_and_no_std(constant_batch, seq):
     index, rewards, lpms = ["q"] * 3, [1, 0, 0], [-0.3, -0.4, -1.2]
     rew, mask, lp = constant_batch(lpms, rewards, lengths=[6, 6, 6])
     got = seq(cde(rew, mask, index, lp, norm=False, w0=0.5, kappa=2.0, alpha=0.5), mask)
@@ -82,7 +62,7 @@ def test_kappa_alpha_and_no_std():
     np.testing.assert_allclose(got, r - r.mean(), rtol=1e-6)
 
 
-def test_staircase_schedule_follows_the_step_passed_in():
+def test_staircase_schedule_follows_the_step_passed_in(constant_batch):
     assert [cde_bonus_weight(t, 0.7, 3) for t in (1, 3, 4, 100)] == [0.7, 0.7, 0.0, 0.0]
     assert cde_bonus_weight(10**6, 0.7, None) == 0.7
     index, rewards, lpms = ["q"] * 4, [1, 1, 0, 0], [-0.1, -0.6, -0.2, -0.9]
@@ -96,7 +76,7 @@ def test_staircase_schedule_follows_the_step_passed_in():
     assert not torch.equal(on, off)
 
 
-def test_a_schedule_without_the_step_is_an_error():
+def test_a_schedule_without_the_step_is_an_error(constant_batch):
     rew, mask, lp = constant_batch([-0.1, -0.2], [1, 0], lengths=[6, 6])
     with pytest.raises(ValueError, match="cde needs the training step.*w_zero_after_step=3.*v1 trainer"):
         cde(rew, mask, ["q", "q"], lp, w0=1.0, w_zero_after_step=3)
@@ -133,7 +113,7 @@ def algo(norm_by_std=True, **cde_cfg):
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("step, w", [(2, 0.8), (3, 0.0)])
-def test_matches_the_paper_equations_through_both_verl_call_sites(random_dataproto, norm_by_std, step, w):
+def test_matches_the_paper_equations_through_both_verl_call_sites(random_dataproto, norm_by_std, step, w, seq):
     cfg = algo(norm_by_std, w0=0.8, w_zero_after_step=2)
     for seed in range(8):
         # the legacy trainer's way of passing the step: data.meta_info["global_steps"]
@@ -194,22 +174,6 @@ def test_zero_weight_is_verls_grpo_exactly(random_dataproto, norm_by_std):
 
 
 # --- the step comes from verl's v1 trainer ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def transfer_queue():
-    import ray
-    import transfer_queue as tq
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    tq.init(
-        OmegaConf.create(
-            {"backend": {"storage_backend": "SimpleStorage", "SimpleStorage": {"num_data_storage_units": 1}}}
-        )
-    )
-    yield tq
-    tq.close()
-    ray.shutdown()
-
-
 def test_v1_trainer_passes_its_global_steps(transfer_queue):
     """PPOTrainer._compute_advantage hands the trainer's global_steps to cde: a trainer resumed at step 7 (verl's
     _load_checkpoint sets global_steps from the checkpoint folder) uses w_7, whatever the process saw before."""
@@ -273,7 +237,7 @@ def test_bad_config(section, match):
         CdeConfig.from_algorithm_config({"cde": section})
 
 
-def test_missing_inputs_raise_named_errors():
+def test_missing_inputs_raise_named_errors(constant_batch):
     rew, mask, lp = constant_batch([-0.1, -0.2], [1, 0], lengths=[6, 6])
     idx = np.array(["q", "q"], dtype=object)
     with pytest.raises(ValueError, match="cde needs the group id.*uid"):

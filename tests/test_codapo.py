@@ -19,30 +19,6 @@ from capo_verl.compat.advantage import pop_step_metrics
 from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
 
 
-def constant_batch(lpms, rewards, T=6, lengths=None):
-    """Responses with constant per-token log-prob lpm_i on `lengths[i]` valid tokens and reward R_i on the last."""
-    bs = len(lpms)
-    lengths = lengths or [T] * bs
-    mask = torch.zeros(bs, T, dtype=torch.int64)
-    rew = torch.zeros(bs, T)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = 1
-        rew[i, max(n, 1) - 1] = rewards[i]
-    lp = torch.tensor(lpms, dtype=torch.float32).unsqueeze(1).expand(bs, T).clone()
-    return rew, mask, lp
-
-
-def seq(adv, mask):
-    """Sequence value of a broadcast advantage; checks it is constant on valid tokens and 0 on padding."""
-    out = []
-    for a, m in zip(adv, mask.bool()):
-        assert torch.all(a[~m] == 0)
-        if m.any():
-            assert torch.all(a[m] == a[m][0])
-        out.append(float(a[m][0]) if m.any() else 0.0)
-    return np.array(out)
-
-
 def codapo(rew, mask, index, lp, **cfg):
     norm = cfg.pop("norm_adv_by_std_in_grpo", True)
     config = {"codapo": cfg, "norm_adv_by_std_in_grpo": norm}
@@ -51,7 +27,7 @@ def codapo(rew, mask, index, lp, **cfg):
     return adv
 
 
-def test_hand_computed_two_interleaved_groups():
+def test_hand_computed_two_interleaved_groups(constant_batch, seq):
     # group a: R = 1, 1, 0, 0; lpm -0.1, -0.3, -0.5, -0.7 -> p = 1/2, 4p(1-p) = 1, c = exp(-0.4)
     # group b: R = 1, 0, 0;    lpm -1, -2, -3           -> p = 1/3, 4p(1-p) = 8/9, c = exp(-2)
     index = ["a", "b", "a", "b", "a", "b", "a"]
@@ -77,7 +53,7 @@ def test_hand_computed_two_interleaved_groups():
     assert metrics["capo/auc_mean"] == pytest.approx(1.0) and metrics["capo/mixed_group_frac"] == 1.0
 
 
-def test_without_std_normalisation_it_is_dr_grpo_times_the_weight():
+def test_without_std_normalisation_it_is_dr_grpo_times_the_weight(constant_batch, seq):
     index, rewards, lpms = ["q"] * 4, [1, 0, 0, 0], [-0.2, -0.4, -0.6, -0.8]
     rew, mask, lp = constant_batch(lpms, rewards)
     got = seq(codapo(rew, mask, index, lp, norm_adv_by_std_in_grpo=False), mask)
@@ -85,7 +61,7 @@ def test_without_std_normalisation_it_is_dr_grpo_times_the_weight():
     np.testing.assert_allclose(got, [(1 - 0.25) * w, -0.25 * w, -0.25 * w, -0.25 * w], rtol=1e-6)
 
 
-def test_groups_all_right_or_all_wrong_give_zero():
+def test_groups_all_right_or_all_wrong_give_zero(constant_batch, seq):
     index = ["right"] * 3 + ["wrong"] * 4 + ["lone"]
     rew, mask, lp = constant_batch([-0.1] * 8, [1, 1, 1, 0, 0, 0, 0, 1])
     for norm in (True, False):
@@ -98,7 +74,7 @@ def test_groups_all_right_or_all_wrong_give_zero():
             assert torch.all(adv[:7] == 0)
 
 
-def test_weight_offset_and_threshold_come_from_the_config():
+def test_weight_offset_and_threshold_come_from_the_config(constant_batch, seq):
     index, rewards, lpms = ["q"] * 4, [0.7, 0.7, 0.2, 0.2], [-0.2, -0.4, -0.6, -0.8]
     rew, mask, lp = constant_batch(lpms, rewards)
     # rewards 0.7 count as correct with the default threshold 0.5 (the authors' code counts only R == 1.0)
@@ -140,7 +116,7 @@ def authors_codapo(rewards, mask, log_probs, index, norm_by_std=True, weight_off
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("reward_kind", ["binary", "pm1"])
-def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, norm_by_std, reward_kind):
+def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, norm_by_std, reward_kind, seq):
     for seed in range(8):
         data = random_dataproto(seed, reward_kind)
         cfg = OmegaConf.create(
@@ -171,7 +147,7 @@ def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, nor
         assert "codapo/weight_mean" in metrics and "capo/mixed_group_frac" in metrics
 
 
-def test_uses_rollout_log_probs_only_without_old_log_probs(random_dataproto):
+def test_uses_rollout_log_probs_only_without_old_log_probs(random_dataproto, seq):
     data = random_dataproto(3)
     cfg = OmegaConf.create({"adv_estimator": "codapo", "gamma": 1.0, "lam": 1.0})
     a = ray_trainer.compute_advantage(random_dataproto(3), adv_estimator="codapo", config=cfg).batch["advantages"]
@@ -194,7 +170,7 @@ def test_a_number_given_as_text_is_refused():
         CodapoConfig.from_algorithm_config({"codapo": {"weight_offset": "0.1"}})
 
 
-def test_missing_inputs_raise_named_errors():
+def test_missing_inputs_raise_named_errors(constant_batch):
     rew, mask, lp = constant_batch([-0.1, -0.2], [1, 0])
     idx = np.array(["q", "q"], dtype=object)
     with pytest.raises(ValueError, match="codapo needs the group id.*uid"):

@@ -203,3 +203,50 @@ def test_a_probe_that_raises_counts_as_no_accelerator_and_is_logged(monkeypatch,
     [record] = [r for r in caplog.records if "torch.cuda.is_available()" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert "RuntimeError: driver init failed" in record.getMessage()
+
+
+def test_another_platforms_failing_check_is_logged_and_does_not_claim_the_host(caplog):
+    """As verl's own detection loop: a platform whose availability check raises does not claim the host; the error
+    is logged at DEBUG level with the platform's name and the reason."""
+    import logging
+    import types
+
+    from capo_verl.compat.cpu import PLATFORM_NAME, _claimed_by
+
+    class Broken:
+        def is_platform_available(self, use_smi_check=False):
+            raise OSError("driver gone")
+
+    class Present:
+        def is_platform_available(self, use_smi_check=False):
+            return True
+
+    platforms = {PLATFORM_NAME: Present, "broken": Broken}
+    registry = types.SimpleNamespace(registered_names=lambda: tuple(platforms), get=platforms.get)
+    with caplog.at_level(logging.DEBUG, logger="capo_verl.compat.cpu"):
+        assert _claimed_by(registry, use_smi_check=True) is None  # the cpu platform itself is never counted
+    assert "platform 'broken'" in caplog.text and "OSError: driver gone" in caplog.text
+    platforms["present"] = Present
+    assert _claimed_by(registry, use_smi_check=True) == "present"
+
+
+def test_a_platform_base_with_an_abstract_method_the_cpu_platform_lacks_is_refused():
+    """verl's detection swallows the TypeError of an abstract class and would fall back to nvidia without a word."""
+    import abc
+    import types
+
+    from verl.plugin import platform
+
+    from capo_verl.compat.cpu import _register_platform
+
+    class PlatformBase(platform.PlatformBase):
+        @abc.abstractmethod
+        def new_query(self) -> int: ...
+
+    stand_in = types.SimpleNamespace(
+        PlatformBase=PlatformBase, PlatformRegistry=platform.PlatformRegistry, get_platform=platform.get_platform
+    )
+    before = platform.PlatformRegistry.get("cpu")
+    with pytest.raises(RuntimeError, match=r"installed verl 0\.9\.1 has abstract methods \['new_query'\]"):
+        _register_platform(stand_in)
+    assert platform.PlatformRegistry.get("cpu") is before

@@ -19,21 +19,6 @@ def sig(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def make_batch(lpms, correct, lengths=None, T=6, reward_scale=(0.0, 1.0)):
-    """Responses with constant per-token log-prob lpm_i over `lengths[i]` valid tokens."""
-    bs = len(lpms)
-    lengths = lengths or [T] * bs
-    mask = torch.zeros(bs, T)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = 1
-    log_probs = torch.tensor(lpms, dtype=torch.float32).unsqueeze(1).expand(bs, T).clone()
-    rewards = torch.zeros(bs, T)
-    for i, c in enumerate(correct):
-        if lengths[i]:
-            rewards[i, lengths[i] - 1] = reward_scale[1] if c else reward_scale[0]
-    return rewards, mask, log_probs
-
-
 def capo(rewards, mask, index, log_probs, ref=None, **capo_cfg):
     capo_cfg.setdefault("use_mask", ref is not None)
     adv, ret = compute_capo_outcome_advantage(
@@ -48,22 +33,10 @@ def capo(rewards, mask, index, log_probs, ref=None, **capo_cfg):
     return adv
 
 
-def seq(adv, mask):
-    """Sequence value of a broadcast advantage (checks it is constant on valid tokens, 0 on padding)."""
-    out = []
-    for a, m in zip(adv, mask):
-        valid = a[m.bool()]
-        assert torch.all(a[~m.bool()] == 0)
-        if len(valid):
-            assert torch.allclose(valid, valid[0].expand_as(valid))
-        out.append(float(valid[0]) if len(valid) else 0.0)
-    return np.array(out)
-
-
-def test_hand_computed_group_of_four():
+def test_hand_computed_group_of_four(constant_batch, seq):
     # correct: lpm -0.1, -0.5 ; incorrect: -0.2, -0.3 ; tau = 0.6
     lpms, correct, tau = [-0.1, -0.5, -0.2, -0.3], [1, 1, 0, 0], 0.6
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     got = seq(capo(r, m, ["q"] * 4, lp, tau=tau), m)
     w = {(i, j): sig(-(lpms[i] - lpms[j]) / tau) for i in (0, 1) for j in (2, 3)}
     expected = [w[0, 2] + w[0, 3], w[1, 2] + w[1, 3], -(w[0, 2] + w[1, 2]), -(w[0, 3] + w[1, 3])]
@@ -72,12 +45,12 @@ def test_hand_computed_group_of_four():
     assert got[1] > got[0] > 0
 
 
-def test_two_groups_interleaved_ragged_and_group_normalize():
+def test_two_groups_interleaved_ragged_and_group_normalize(constant_batch, seq):
     # group a: 3 responses (1 correct), group b: 2 responses (1 correct), interleaved
     lpms = [-1.0, -0.2, -0.4, -0.9, -0.7]
     correct = [1, 1, 0, 0, 0]
     index = ["a", "b", "a", "b", "a"]
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     tau = 0.5
     got = seq(capo(r, m, index, lp, tau=tau, normalize="group"), m)
     wa2, wa4 = sig(-(-1.0 + 0.4) / tau), sig(-(-1.0 + 0.7) / tau)
@@ -86,47 +59,47 @@ def test_two_groups_interleaved_ragged_and_group_normalize():
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
-def test_unmixed_groups_and_empty_responses_get_zero():
+def test_unmixed_groups_and_empty_responses_get_zero(constant_batch, seq):
     lpms = [-0.1, -0.2, -0.3, -0.4, -0.5, -0.6]
     correct = [1, 1, 0, 0, 1, 0]
     index = ["all_right", "all_right", "all_wrong", "all_wrong", "mixed", "mixed"]
-    r, m, lp = make_batch(lpms, correct, lengths=[6, 6, 6, 6, 6, 0])
+    r, m, lp = constant_batch(lpms, correct, lengths=[6, 6, 6, 6, 6, 0])
     lp[5] = float("nan")  # an empty response's log-probs are never used
     got = seq(capo(r, m, index, lp), m)
     assert np.all(got == 0.0)  # the only mixed group's incorrect member has no valid token: no pair
 
 
-def test_tau_to_infinity_is_half_dr_grpo():
+def test_tau_to_infinity_is_half_dr_grpo(constant_batch, seq):
     rng = np.random.default_rng(0)
     bs, G = 32, 8
     lpms = rng.normal(-1, 0.5, bs).tolist()
     correct = rng.integers(0, 2, bs).tolist()
     index = [f"q{i // G}" for i in range(bs)]
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     got = seq(capo(r, m, index, lp, tau=1e7, normalize="group"), m)
     R = np.array(correct, dtype=float).reshape(-1, G)
     dr_grpo = (R - R.mean(1, keepdims=True)).reshape(-1)
     np.testing.assert_allclose(got, dr_grpo / 2, atol=1e-5)
 
 
-def test_tau_to_zero_counts_misranked_pairs():
+def test_tau_to_zero_counts_misranked_pairs(constant_batch, seq):
     lpms = [-0.1, -0.9, -0.5, -0.3, -0.95]
     correct = [1, 1, 0, 0, 0]
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     got = seq(capo(r, m, ["q"] * 5, lp, tau=1e-6), m)
     # correct i: number of incorrect j ranked above it; incorrect j: -number of correct ranked below it
     expected = [0, 2, -1, -1, 0]
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
-def test_permutation_equivariance_and_signs():
+def test_permutation_equivariance_and_signs(constant_batch, seq):
     rng = np.random.default_rng(1)
     bs = 40
     lpms = rng.normal(-1, 0.3, bs).tolist()
     correct = rng.integers(0, 2, bs).tolist()
     index = [f"q{rng.integers(0, 6)}" for _ in range(bs)]  # ragged, interleaved groups
     lengths = rng.integers(1, 7, bs).tolist()
-    r, m, lp = make_batch(lpms, correct, lengths=lengths)
+    r, m, lp = constant_batch(lpms, correct, lengths=lengths)
     base = seq(capo(r, m, index, lp), m)
     perm = rng.permutation(bs)
     permuted = seq(capo(r[perm], m[perm], [index[i] for i in perm], lp[perm]), m[perm])
@@ -135,25 +108,25 @@ def test_permutation_equivariance_and_signs():
     assert np.all(base[c] >= 0) and np.all(base[~c] <= 0)
 
 
-def test_shift_of_all_lpm_in_a_group_changes_nothing():
+def test_shift_of_all_lpm_in_a_group_changes_nothing(constant_batch, seq):
     rng = np.random.default_rng(2)
     lpms = rng.normal(-1, 0.3, 8)
     correct = [1, 0, 1, 0, 0, 1, 0, 1]
-    r, m, lp = make_batch(lpms.tolist(), correct)
-    r2, m2, lp2 = make_batch((lpms - 0.75).tolist(), correct)
+    r, m, lp = constant_batch(lpms.tolist(), correct)
+    r2, m2, lp2 = constant_batch((lpms - 0.75).tolist(), correct)
     np.testing.assert_allclose(seq(capo(r, m, ["q"] * 8, lp), m), seq(capo(r2, m2, ["q"] * 8, lp2), m2), atol=1e-5)
 
 
-def test_plus_minus_one_rewards_match_zero_one():
+def test_plus_minus_one_rewards_match_zero_one(constant_batch, seq):
     lpms, correct = [-0.3, -0.6, -0.2, -0.8], [1, 0, 0, 1]
-    r01, m, lp = make_batch(lpms, correct)
-    rpm, _, _ = make_batch(lpms, correct, reward_scale=(-1.0, 1.0))
+    r01, m, lp = constant_batch(lpms, correct)
+    rpm, _, _ = constant_batch(lpms, [1.0 if c else -1.0 for c in correct])
     np.testing.assert_allclose(seq(capo(r01, m, ["q"] * 4, lp), m), seq(capo(rpm, m, ["q"] * 4, lp), m))
 
 
-def test_noise_mask_zeroes_own_advantage_but_keeps_opponent():
+def test_noise_mask_zeroes_own_advantage_but_keeps_opponent(constant_batch, seq):
     lpms, correct = [-0.2, -0.4, -0.3, -0.5], [1, 1, 0, 0]
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     # reference PPL: 3.0 (correct, > ref_high -> masked), 1.5, 1.02 (incorrect, < ref_low -> masked), 1.5
     ref_ppl = torch.tensor([3.0, 1.5, 1.02, 1.5])
     ref = (-torch.log(ref_ppl)).unsqueeze(1).expand_as(lp).clone()
@@ -166,7 +139,7 @@ def test_noise_mask_zeroes_own_advantage_but_keeps_opponent():
     np.testing.assert_allclose(metrics["capo/ref_ppl_incorrect_q25"], np.quantile([1.02, 1.5], 0.25), rtol=1e-5)
 
 
-def test_lpm_is_masked_mean_and_float32_output():
+def test_lpm_is_masked_mean_and_float32_output(seq):
     T = 5
     lp = torch.tensor([[-1.0, -3.0, -100.0, -100.0, -100.0], [-2.0, -2.0, -2.0, -2.0, -2.0]], dtype=torch.bfloat16)
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
@@ -178,9 +151,9 @@ def test_lpm_is_masked_mean_and_float32_output():
     np.testing.assert_allclose(seq(adv, mask), [0.5, -0.5])
 
 
-def test_step_metrics_recorded():
+def test_step_metrics_recorded(constant_batch):
     lpms, correct = [-0.1, -0.5, -0.2, -0.3, -1.0, -1.1], [1, 1, 0, 0, 1, 1]
-    r, m, lp = make_batch(lpms, correct)
+    r, m, lp = constant_batch(lpms, correct)
     pop_step_metrics()
     capo(r, m, ["a"] * 4 + ["b"] * 2, lp)
     metrics = pop_step_metrics()
@@ -213,9 +186,9 @@ def test_bad_config(cfg, match):
         CapoConfig.from_algorithm_config({"capo": cfg})
 
 
-def test_bad_reward_threshold_stops_before_any_tensor_work():
+def test_bad_reward_threshold_stops_before_any_tensor_work(constant_batch):
     """A non-numeric threshold used to fail inside the tensor comparison with a bare TypeError."""
-    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+    r, m, lp = constant_batch([-0.1, -0.2], [1, 0])
     with pytest.raises(ValueError, match="algorithm.capo.reward_threshold must be a finite number, got 'high'"):
         capo(r, m, ["q", "q"], lp, reward_threshold="high")
 
@@ -225,8 +198,8 @@ def test_ref_high_of_one_is_accepted():
     assert CapoConfig.from_algorithm_config({"capo": {"ref_high": 1}}).ref_high == 1
 
 
-def test_missing_inputs_raise_named_errors():
-    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+def test_missing_inputs_raise_named_errors(constant_batch):
+    r, m, lp = constant_batch([-0.1, -0.2], [1, 0])
     idx = np.array(["q", "q"], dtype=object)
     with pytest.raises(ValueError, match="uid"):
         compute_capo_outcome_advantage(r, m, None, {"capo": {"use_mask": False}}, old_log_probs=lp)
@@ -242,16 +215,16 @@ def test_missing_inputs_raise_named_errors():
         compute_capo_outcome_advantage(r, m, idx, None, old_log_probs=lp, ref_log_prob=bad)
 
 
-def test_rollout_log_probs_used_when_old_absent():
-    r, m, lp = make_batch([-0.1, -0.5], [0, 1])
+def test_rollout_log_probs_used_when_old_absent(constant_batch):
+    r, m, lp = constant_batch([-0.1, -0.5], [0, 1])
     idx, cfg = np.array(["q", "q"]), {"capo": {"use_mask": False}}
     a = compute_capo_outcome_advantage(r, m, idx, cfg, rollout_log_probs=lp)[0]
     b = compute_capo_outcome_advantage(r, m, idx, cfg, old_log_probs=lp)[0]
     assert torch.equal(a, b)
 
 
-def test_uid_with_none_is_rejected():
-    r, m, lp = make_batch([-0.1, -0.2], [1, 0])
+def test_uid_with_none_is_rejected(constant_batch):
+    r, m, lp = constant_batch([-0.1, -0.2], [1, 0])
     with pytest.raises(ValueError, match="None or NaN"):
         compute_capo_outcome_advantage(
             r, m, np.array(["q", None], dtype=object), {"capo": {"use_mask": False}}, old_log_probs=lp
@@ -259,14 +232,15 @@ def test_uid_with_none_is_rejected():
 
 
 def test_row_sweep_over_several_blocks_matches_plain_masked_mean():
-    from capo_verl.estimators.common import _CPU_ROW_BLOCK, sequence_mean
+    from capo_verl.estimators.common import _CPU_ROW_BLOCK, row_sweep
 
     g = torch.Generator().manual_seed(0)
     bs, T = 2 * _CPU_ROW_BLOCK + 37, 50
     values = torch.randn(bs, T, generator=g, dtype=torch.float64).to(torch.bfloat16)
     lengths = torch.randint(0, T + 1, (bs,), generator=g)
     mask = (torch.arange(T) < lengths.unsqueeze(1)).to(torch.int64)
-    mean, n_valid = sequence_mean(values, mask, "old_log_probs")
+    _, n_valid, sums, _ = row_sweep(mask, {"old_log_probs": values})
+    mean = sums["old_log_probs"] / n_valid.clamp_min(1.0)
     expected = (values.double() * mask).sum(-1) / lengths.clamp_min(1)
     assert torch.equal(n_valid, lengths.float())
     torch.testing.assert_close(mean.double(), expected, rtol=1e-5, atol=1e-6)
@@ -356,7 +330,7 @@ def surrogate_gradient(lpm, correct, valid, groups, tau):
 @pytest.mark.parametrize("use_mask", [False, True])
 @pytest.mark.parametrize("normalize", ["none", "group"])
 @pytest.mark.parametrize("tau", [0.05, 0.6, 4.0])
-def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use_mask):
+def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use_mask, constant_batch, seq):
     """A_i = -tau * dL/dlpm_i (divided by the group size G for normalize=group), times the mask m_i; a masked response
     still counts as an opponent in L, a response without valid tokens is in no pair."""
     rng = np.random.default_rng(int(tau * 100) + 7 * use_mask + 3 * (normalize == "group"))
@@ -368,7 +342,7 @@ def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use
         correct = rng.random(bs) < 0.5
         lengths = rng.integers(0, 6, bs)  # some responses without valid tokens
         ppl = rng.uniform(1.0, 3.0, bs)
-        r, m, lp = make_batch(lpm.tolist(), correct.tolist(), lengths=lengths.tolist(), T=6)
+        r, m, lp = constant_batch(lpm.tolist(), correct.tolist(), lengths=lengths.tolist(), T=6)
         ref = torch.from_numpy(-np.log(ppl)).float().unsqueeze(1).expand(bs, 6).clone()
         got = seq(
             capo(

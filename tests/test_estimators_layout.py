@@ -29,7 +29,7 @@ def test_every_estimator_is_registered_with_its_batch_keys():
     from capo_verl.compat.methods import _register_all
 
     before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
-    _register_all()
+    _register_all(core_algos)
     assert core_algos.ADV_ESTIMATOR_REGISTRY == before
 
 

@@ -61,13 +61,21 @@ def test_bad_values_stop_in_verls_validate_config(configs, name, overrides, mess
         configs.compose(name, overrides, resolve=False, use_reference_policy=True)
 
 
-def test_valid_variants_pass(configs):
-    configs.compose(
-        CDE, ["trainer.use_v1=false", "algorithm.cde.w_zero_after_step=null"], resolve=False
-    )  # constant weight: no step needed
-    configs.compose(CDE, ["algorithm.cde.kappa=2", "algorithm.cde.w0=0"], resolve=False)
-    configs.compose(CODAPO, ["algorithm.codapo.weight_offset=0"], resolve=False)
-    configs.compose(CAPO, ["algorithm.capo.tau=3e-39"], resolve=False)
+def test_valid_variants_pass_validate_config_and_keep_their_values(configs):
+    """Values at the edge of each range pass verl's validate_config and reach the estimators' configs unchanged."""
+    from capo_verl.estimators import CapoConfig, CdeConfig, CodapoConfig
+
+    # constant weight on the legacy trainer: no step needed
+    cfg = configs.compose(CDE, ["trainer.use_v1=false", "algorithm.cde.w_zero_after_step=null"], resolve=False)
+    assert cfg.trainer.use_v1 is False and CdeConfig.from_algorithm_config(cfg.algorithm).w_zero_after_step is None
+    cde = CdeConfig.from_algorithm_config(
+        configs.compose(CDE, ["algorithm.cde.kappa=2", "algorithm.cde.w0=0"], resolve=False).algorithm
+    )
+    assert (cde.kappa, cde.w0, cde.w_zero_after_step) == (2, 0, 300)
+    codapo = configs.compose(CODAPO, ["algorithm.codapo.weight_offset=0"], resolve=False)
+    assert CodapoConfig.from_algorithm_config(codapo.algorithm).weight_offset == 0
+    capo = configs.compose(CAPO, ["algorithm.capo.tau=3e-39"], resolve=False)
+    assert CapoConfig.from_algorithm_config(capo.algorithm).tau == 3e-39
 
 
 def _local_model(tmp_path: Path, config: dict | None) -> Path:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -336,6 +338,33 @@ def test_plain_number_helpers():
     assert reward.plain_number_answer("$1,234") == "1234"
     assert reward.plain_number_answer("12 + 5") is None
     assert reward.plain_number_answer("17 and 18") is None
+
+
+# --- the worker process ---------------------------------------------------------------------------------
+def test_the_worker_is_a_file_of_the_package_that_imports_neither_capo_verl_nor_verl_nor_torch(tmp_path):
+    """The child runs capo_verl/_reward_worker.py by path and answers the JSON-lines protocol; Python's import log
+    (``-X importtime``) shows that it imported math-verify and none of capo_verl, verl or torch, even when started
+    from the package's own directory."""
+    script = Path(reward._WORKER_SCRIPT)
+    assert script.is_file() and script.parent == Path(reward.__file__).resolve().parent
+    requests = [{"gold": "$\\frac{1}{2}$", "pred": "$0.5$"}, {"gold": "$3$", "pred": "$4$"}]
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", str(script)],
+        input="".join(json.dumps(r) + "\n" for r in requests),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=script.parent,
+        check=True,
+    )
+    replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert replies[0] == {"ready": True}
+    assert [(r["ok"], r["correct"]) for r in replies[1:]] == [(True, True), (True, False)]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "math_verify" in imported
+    top_level = {name.split(".")[0] for name in imported}
+    assert not top_level & {"capo_verl", "verl", "torch"}
+    assert not top_level & {"data", "metrics", "models", "precision", "logs", "reward"}  # the package's own files
 
 
 # --- threads and time bound -----------------------------------------------------------------------------

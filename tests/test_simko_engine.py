@@ -477,6 +477,10 @@ def test_patches_refuse_a_verl_whose_code_changed():
     from verl.trainer.ppo import core_algos
 
     assert core_algos.get_policy_loss_fn("simko") is compat_simko.compute_policy_loss_simko
-    fake = types.SimpleNamespace(POLICY_LOSS_REGISTRY={"simko": ppo_loss}, register_policy_loss=None)
+    fake = types.SimpleNamespace(
+        POLICY_LOSS_REGISTRY={"simko": ppo_loss},
+        register_policy_loss=core_algos.register_policy_loss,
+        get_policy_loss_fn=core_algos.get_policy_loss_fn,
+    )
     with pytest.raises(RuntimeError, match="already registered"):
         compat_simko._register_loss(fake)

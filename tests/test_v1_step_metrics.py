@@ -14,21 +14,6 @@ import verl  # noqa: F401  (loads the capo-verl plugin)
 from omegaconf import OmegaConf
 
 
-@pytest.fixture(scope="module")
-def transfer_queue():
-    import ray
-    import transfer_queue as tq
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    conf = OmegaConf.create(
-        {"backend": {"storage_backend": "SimpleStorage", "SimpleStorage": {"num_data_storage_units": 1}}}
-    )
-    tq.init(conf)
-    yield tq
-    tq.close()
-    ray.shutdown()
-
-
 def put_batch(tq, rng, n_prompts=3, n=4, partition="train"):
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from capo_verl.estimators.common import pop_step_metrics, queued_step_metrics, record_step_metrics
 
-from . import after_import, check_signature
+from . import after_import, patch
 
 __all__ = [
     "batch_calibration_metrics",
@@ -178,13 +178,27 @@ def _record_batch_calibration(data, adv_estimator, config) -> None:
 
 
 # --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------
+@patch(
+    "verl.trainer.ppo.ray_trainer",
+    {
+        "compute_advantage": (
+            "data",
+            "adv_estimator",
+            "gamma",
+            "lam",
+            "num_repeat",
+            "norm_adv_by_std_in_grpo",
+            "config",
+        ),
+        "compute_data_metrics": ("batch", "use_critic"),
+    },
+)
 def _patch_compute_advantage(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: wrap ``compute_advantage`` (also used by the v1 trainer, which
     imports it by name in verl/trainer/ppo/v1/utils.py after this patch is applied)."""
     from verl.trainer.ppo import core_algos
 
     original = ray_trainer.compute_advantage
-    check_signature(original, ["data", "adv_estimator", "gamma", "lam", "num_repeat"], "compute_advantage")
 
     bound = inspect.signature(original)
 
@@ -238,11 +252,11 @@ def estimator_needs_reference_policy(config) -> bool:
     return bool(needs and needs(algorithm))
 
 
+@patch("verl.trainer.ppo.utils", {"need_reference_policy": ("config",)})
 def _patch_need_reference_policy(utils) -> None:
     """verl/trainer/ppo/utils.py: ``need_reference_policy`` is ``use_kl_in_reward or use_kl_loss``; add the
     estimator's own need. Applied before main_ppo.py, ray_trainer.py and v1/trainer_base.py import it."""
     original = utils.need_reference_policy
-    check_signature(original, ["config"], "need_reference_policy")
 
     @functools.wraps(original)
     def need_reference_policy(config) -> bool:
@@ -265,13 +279,13 @@ def _patch_need_reference_policy(utils) -> None:
 
 
 # --- 3. estimator metrics into the v1 trainer's step metrics ------------------------------------------------
+@patch("verl.trainer.ppo.v1.trainer_base", {"PPOTrainer._compute_advantage": ("self", "batch", "metrics")})
 def _patch_v1_trainer(trainer_base) -> None:
     """verl/trainer/ppo/v1/trainer_base.py: around ``PPOTrainer._compute_advantage(batch, metrics)``, expose the
     trainer's ``global_steps`` to estimators that need the training step, and afterwards add the metrics the
     estimator recorded to that step's ``metrics`` dict."""
     cls = trainer_base.PPOTrainer
     original = cls._compute_advantage
-    check_signature(original, ["self", "batch", "metrics"], "PPOTrainer._compute_advantage")
 
     @functools.wraps(original)
     def _compute_advantage(self, batch, metrics):

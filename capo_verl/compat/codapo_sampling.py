@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from capo_verl.estimators.codapo import CodapoConfig, apply_batch_rows, pop_question_weights, select_questions
 
-from . import after_import, check_signature
+from . import after_import, patch
 
 __all__ = ["check_resample_setup", "install", "resample_config"]
 
@@ -207,6 +207,14 @@ def _after_advantage(trainer, state: _Resampling, metrics: dict) -> None:
     logger.warning("capo-verl codapo resampling %s", json.dumps(record))
 
 
+@patch(
+    "verl.trainer.ppo.v1.trainer_base",
+    {
+        "PPOTrainer._init_dataloader": ("self",),
+        "PPOTrainer._next_train_batch": ("self", "num_prompts"),
+        "PPOTrainer._compute_advantage": ("self", "batch", "metrics"),
+    },
+)
 def _patch_trainer(trainer_base) -> None:
     """verl/trainer/ppo/v1/trainer_base.py: wrap ``PPOTrainer._init_dataloader``, ``_next_train_batch`` and
     ``_compute_advantage`` (module docstring); a run without ``algorithm.codapo.resample: true`` calls verl's own."""
@@ -216,9 +224,6 @@ def _patch_trainer(trainer_base) -> None:
     init_dataloader = cls._init_dataloader
     next_train_batch = cls._next_train_batch
     compute_advantage = cls._compute_advantage
-    check_signature(init_dataloader, ["self"], "PPOTrainer._init_dataloader")
-    check_signature(next_train_batch, ["self", "num_prompts"], "PPOTrainer._next_train_batch")
-    check_signature(compute_advantage, ["self", "batch", "metrics"], "PPOTrainer._compute_advantage")
 
     @functools.wraps(init_dataloader)
     def _init_dataloader(self):
@@ -281,6 +286,7 @@ def _patch_trainer(trainer_base) -> None:
     cls._compute_advantage = _compute_advantage
 
 
+@patch("verl.trainer.ppo.ray_trainer", {"RayPPOTrainer.fit": ("self",)})
 def _patch_legacy_trainer(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: ``RayPPOTrainer.fit`` refuses ``resample: true``.
 
@@ -289,7 +295,6 @@ def _patch_legacy_trainer(ray_trainer) -> None:
     """
     cls = ray_trainer.RayPPOTrainer
     fit = cls.fit
-    check_signature(fit, ["self"], "RayPPOTrainer.fit")
 
     @functools.wraps(fit)
     def refusing_fit(self):

@@ -46,7 +46,7 @@ import torch
 
 from capo_verl import precision
 
-from . import after_import
+from . import after_import, installed_release, patch
 
 logger = logging.getLogger("capo_verl.compat.cpu")
 
@@ -170,13 +170,34 @@ def _make_device_module() -> types.ModuleType:
     return module
 
 
-def _register_platform() -> None:
-    """Register :class:`PlatformCPU` as ``cpu`` in ``verl/plugin/platform/platform_manager.py``."""
-    from verl.plugin.platform import PlatformBase, PlatformRegistry
+def _claimed_by(registry, use_smi_check: bool) -> str | None:
+    """The name of a registered platform other than ``cpu`` (nvidia, npu, rocm, a plugin's) that claims this host,
+    whatever the registration order; None when none does.
 
-    device_module = _make_device_module()
+    A platform whose availability check raises counts as not claiming the host, as in verl's own detection loop
+    (``platform_manager._detect_platform_name``); the error is logged at DEBUG level, as verl does.
+    """
+    for name in registry.registered_names():
+        cls = registry.get(name)
+        if name == PLATFORM_NAME or cls is None:
+            continue
+        try:
+            if cls().is_platform_available(use_smi_check=use_smi_check):
+                return name
+        except Exception as exc:  # noqa: BLE001  any failure of another platform's probe: not that platform
+            logger.debug(
+                "platform %r's availability check raised %s: %s; counted as not available, as verl's detection does",
+                name,
+                type(exc).__name__,
+                exc,
+            )
+    return None
 
-    class PlatformCPU(PlatformBase):
+
+def _platform_cpu_class(base: type, registry, device_module: types.ModuleType) -> type:
+    """:class:`PlatformCPU`: verl's ``PlatformBase`` (``base``) for a host without accelerator."""
+
+    class PlatformCPU(base):
         """verl platform for a host without accelerator: device ``cpu``, ``gloo`` collectives, no pinning.
 
         Ray still schedules verl's workers on ``GPU`` resources, which the CPU profile declares as fake
@@ -205,18 +226,7 @@ def _register_platform() -> None:
             if accelerator is not None:
                 logger.info("torch sees a %s accelerator: the cpu platform does not claim this host", accelerator)
                 return False
-            # Only when no other registered platform (nvidia, npu, rocm, a plugin's) claims this host,
-            # whatever the registration order.
-            for name in PlatformRegistry.registered_names():
-                cls = PlatformRegistry.get(name)
-                if name == PLATFORM_NAME or cls is None:
-                    continue
-                try:
-                    if cls().is_platform_available(use_smi_check=use_smi_check):
-                        return False
-                except Exception:  # same tolerance as verl's own detection loop
-                    continue
-            return True
+            return _claimed_by(registry, use_smi_check) is None
 
         def current_device(self) -> str:
             # verl passes get_device_id() straight to torch as a device (``model.to(device=...)``,
@@ -276,9 +286,38 @@ def _register_platform() -> None:
         def cudart(self) -> Any:
             return None
 
-    PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
+    return PlatformCPU
 
 
+@patch(
+    "verl.plugin.platform",
+    {
+        "PlatformBase.is_platform_available": ("self", "use_smi_check"),
+        "PlatformRegistry.register": ("platform",),
+        "PlatformRegistry.get": ("name",),
+        "PlatformRegistry.registered_names": (),
+        "get_platform": (),
+    },
+)
+def _register_platform(platform: types.ModuleType) -> None:
+    """``verl/plugin/platform``: register :class:`PlatformCPU` as ``cpu`` with ``PlatformRegistry``.
+
+    Raises:
+        RuntimeError: verl's ``PlatformBase`` has abstract methods that the class does not implement; verl's
+            detection would otherwise swallow the ``TypeError`` of instantiating it and fall back to ``nvidia``.
+    """
+    cls = _platform_cpu_class(platform.PlatformBase, platform.PlatformRegistry, _make_device_module())
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise RuntimeError(
+            f"capo_verl.compat.cpu: verl.plugin.platform.PlatformBase in the installed {installed_release('verl')} "
+            f"has abstract methods {missing} that capo-verl's cpu platform, written against verl 0.9.1, does not "
+            "implement (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+        )
+    platform.PlatformRegistry.register(platform=PLATFORM_NAME)(cls)
+
+
+@patch("verl.utils.distributed", {"initialize_global_process_group_ray": ("timeout_second", "backend")})
 def _patch_distributed(module: types.ModuleType) -> None:
     """``verl/utils/distributed.py``: process groups on CPU use the plain ``gloo`` backend."""
     original = module.initialize_global_process_group_ray
@@ -293,6 +332,16 @@ def _patch_distributed(module: types.ModuleType) -> None:
     module.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+@patch(
+    "verl.workers.engine.fsdp.transformer_impl",
+    {
+        "EngineRegistry.register": ("model_type", "backend", "device"),
+        "EngineRegistry._engines": None,
+        "FSDPEngineWithLMHead": None,
+        "FSDPEngineWithValueHead": None,
+        "CPUOffloadPolicy": None,
+    },
+)
 def _patch_fsdp_engine(module: types.ModuleType) -> None:
     """``verl/workers/engine/fsdp/transformer_impl.py``: FSDP engines for device ``cpu``; no pinned memory.
 
@@ -319,6 +368,7 @@ def _patch_fsdp_engine(module: types.ModuleType) -> None:
     module.CPUOffloadPolicy = CPUOffloadPolicy
 
 
+@patch("verl.workers.config.model", {"HFModelConfig.__post_init__": ("self",), "HFModelConfig.override_config": None})
 def _patch_model_config(module: types.ModuleType) -> None:
     """``verl/workers/config/model.py``: on CPU, ``sdpa`` instead of the ``flash_attention_2`` default."""
     cls = module.HFModelConfig
@@ -342,21 +392,23 @@ def _patch_model_config(module: types.ModuleType) -> None:
     cls.__post_init__ = __post_init__
 
 
+@patch(
+    "verl.trainer.ppo.v1.replay_buffer",
+    {"ReplayBuffer.__init__": ("self", "trainer_mode", "trainer_config", "max_off_policy_threshold",
+                               "max_off_policy_strategy", "sampler_kwargs", "poll_interval")},
+)  # fmt: skip
 def _patch_replay_buffer(module: types.ModuleType) -> None:
     """``verl/trainer/ppo/v1/replay_buffer.py``: on CPU, ``ReplayBuffer(poll_interval=...)`` defaults to
     :data:`CPU_POLL_INTERVAL_S` instead of 2 s (``ReplayBufferAsync`` inherits it)."""
     import inspect
 
-    from . import check_signature
-
     cls = module.ReplayBuffer
     original = cls.__init__
-    params = inspect.signature(original).parameters
-    check_signature(original, ["self", "trainer_mode", "trainer_config"], "ReplayBuffer.__init__")
-    if "poll_interval" not in params or params["poll_interval"].default != 2.0:
+    if inspect.signature(original).parameters["poll_interval"].default != 2.0:
         raise RuntimeError(
-            "capo_verl.compat: ReplayBuffer.__init__ has no poll_interval=2.0 as in verl 0.9.1; "
-            "this verl is not supported (see capo_verl.compat.TESTED_VERL_VERSIONS)"
+            "capo_verl.compat: verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.__init__ has no poll_interval=2.0 in the "
+            f"installed {installed_release('verl')}, as in verl 0.9.1; capo-verl's patch does not fit this release "
+            "(see capo_verl.compat.TESTED_VERL_VERSIONS)"
         )
 
     def __init__(self, *args, **kwargs):
@@ -374,7 +426,7 @@ def install() -> None:
     """Register the ``cpu`` platform, the CPU-only patches (pass-through on accelerators) and the
     ``capo_cpu_dtype`` config resolver of ``configs/cpu_base.yaml`` (:mod:`capo_verl.precision`)."""
     precision.register_resolver()
-    _register_platform()
+    after_import("verl.plugin.platform", _register_platform)
     after_import("verl.utils.distributed", _patch_distributed)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_fsdp_engine)
     after_import("verl.workers.config.model", _patch_model_config)

@@ -2,8 +2,9 @@
 
 1. **Registration** (:func:`register_estimators`): every advantage estimator of :mod:`capo_verl.estimators` is
    registered with verl's ``core_algos.register_adv_est`` under its ``algorithm.adv_estimator`` name, through
-   :func:`capo_verl.compat.advantage.register_batch_aware_adv_est` (which forwards the batch keys listed in
-   :data:`ESTIMATORS` from ``data.batch``). The table below is the only list of them.
+   :func:`capo_verl.compat.advantage.register_batch_aware_adv_est` (which forwards its batch keys from
+   ``data.batch``). Each estimator declares its name, batch keys, config section and needs next to its function
+   (:func:`capo_verl.estimators.registry.register_estimator`); :data:`ESTIMATORS` is what they declared.
 2. **Config check** (:func:`check_method_configs`): verl's ``validate_config`` (``verl/utils/config.py``; called by
    ``verl.trainer.main_ppo.main`` and ``main_ppo_v0`` before Ray starts and before any model loads, and by the
    repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook for every method:
@@ -44,18 +45,15 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+import capo_verl.estimators  # noqa: F401  imports every estimator module, so each has declared itself
 from capo_verl import precision
 from capo_verl import reward as capo_reward
-from capo_verl.estimators.capo import CapoConfig, compute_capo_outcome_advantage
-from capo_verl.estimators.cde import CdeConfig, compute_cde_outcome_advantage
-from capo_verl.estimators.codapo import CodapoConfig, compute_codapo_outcome_advantage
-from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
+from capo_verl.estimators.capo import CapoConfig
+from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
 
-from . import after_import, check_signature
+from . import after_import, patch
 from .advantage import register_batch_aware_adv_est
 from .codapo_sampling import check_resample_setup
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
@@ -65,7 +63,6 @@ from .vllm_cpu import sync_timeout_s
 
 __all__ = [
     "ESTIMATORS",
-    "SECTIONS",
     "EstimatorSpec",
     "VERL_GROUP_ESTIMATORS",
     "check_estimator",
@@ -79,47 +76,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class EstimatorSpec:
-    """How verl calls one of capo-verl's estimators.
-
-    Attributes:
-        fn: the estimator, with verl's signature ``fn(token_level_rewards, response_mask, index, config, **batch)``.
-        batch_keys: ``data.batch`` tensors passed to ``fn`` as keywords when present.
-        section: the ``algorithm.<section>`` it reads.
-        needs_reference_policy: ``f(algorithm_config) -> bool``, true when it needs ``ref_log_prob``; or None.
-        needs_training_step: it is passed ``global_step=`` (verl's ``trainer.global_steps``).
-    """
-
-    fn: Callable
-    batch_keys: tuple[str, ...]
-    section: str
-    needs_reference_policy: Callable[[object], bool] | None = None
-    needs_training_step: bool = False
-
-
-def _noise_mask_on(algorithm) -> bool:
-    """``algorithm.capo.use_mask``: the noise mask needs the reference model's log-probs."""
-    return CapoConfig.from_algorithm_config(algorithm).use_mask
-
-
-#: ``algorithm.adv_estimator`` name -> how verl calls it.
-ESTIMATORS: dict[str, EstimatorSpec] = {
-    "capo": EstimatorSpec(
-        compute_capo_outcome_advantage, ("old_log_probs", "rollout_log_probs", "ref_log_prob"), "capo", _noise_mask_on
-    ),
-    "grpo_mask": EstimatorSpec(compute_grpo_mask_outcome_advantage, ("ref_log_prob",), "capo", _noise_mask_on),
-    "codapo": EstimatorSpec(compute_codapo_outcome_advantage, ("old_log_probs", "rollout_log_probs"), "codapo"),
-    "cde": EstimatorSpec(
-        compute_cde_outcome_advantage, ("old_log_probs", "rollout_log_probs"), "cde", needs_training_step=True
-    ),
-}
-
-#: ``algorithm.<section>`` -> the dataclass that parses and checks it.
-SECTIONS = {"capo": CapoConfig, "codapo": CodapoConfig, "cde": CdeConfig}
-
-
-def _register_all(core_algos=None) -> None:
+@patch("verl.trainer.ppo.core_algos", {"register_adv_est": ("name_or_enum",), "ADV_ESTIMATOR_REGISTRY": None})
+def _register_all(core_algos) -> None:
+    """``verl/trainer/ppo/core_algos.py``: register every declared estimator (:data:`ESTIMATORS`) with verl."""
     for name, spec in ESTIMATORS.items():
         register_batch_aware_adv_est(
             name,
@@ -259,8 +218,7 @@ def check_mask_thresholds(config, capo: CapoConfig) -> None:
     Eq. 18 masks a correct response above ``ref_high`` and an incorrect one below ``ref_low``: lucky guesses are the
     correct responses the reference finds unlikely, near-misses the incorrect ones it finds likely, so the paper's
     window has ``ref_low`` < ``ref_high`` ([1.05, 2.5]). With ``ref_low`` above ``ref_high`` an incorrect response is
-    masked at perplexities where a correct one still counts as genuine; that reads as swapped thresholds (CPU run:
-    69-100% of incorrect responses masked per step with ref_low=30, ref_high=20, against 0-7% with [1.5, 20])."""
+    masked at perplexities where a correct one still counts as genuine; that reads as swapped thresholds."""
     if not capo.use_mask or capo.ref_low <= capo.ref_high:
         return
     low = min(CapoConfig.ref_low, capo.ref_high)
@@ -289,7 +247,7 @@ def check_method_configs(config) -> None:
     name = check_estimator(config)
     used = ESTIMATORS[name].section if name in ESTIMATORS else None
     parsed = {}
-    for section, cls in SECTIONS.items():
+    for section, cls in config_sections().items():
         if section == used or _get(algorithm, section) is not None:
             parsed[section] = cls.from_algorithm_config(algorithm)
     if used == "capo":
@@ -311,6 +269,7 @@ def check_method_configs(config) -> None:
     check_run_config(config)
 
 
+@patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils) -> None:
     """verl/utils/config.py: ``validate_config`` first resolves the CPU compute dtype in place
     (:func:`capo_verl.precision.resolve_in_place`: once, in the process that starts the run, with one log line),
@@ -318,7 +277,6 @@ def _patch_validate_config(config_utils) -> None:
     original = config_utils.validate_config
     if getattr(original, "__capo_verl__", False):
         return
-    check_signature(original, ["config", "use_reference_policy", "use_critic"], "validate_config")
 
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):

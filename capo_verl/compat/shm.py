@@ -40,7 +40,7 @@ import secrets
 import tempfile
 from types import ModuleType
 
-from . import after_import
+from . import after_import, patch
 
 logger = logging.getLogger("capo_verl.compat.shm")
 
@@ -173,22 +173,35 @@ def record_created() -> None:
     global _recording
     if _recording or not os.environ.get(RUN_ENV):
         return
-    from multiprocessing import shared_memory
-
-    original_init = shared_memory.SharedMemory.__init__
-
-    @functools.wraps(original_init)
-    def __init__(self, name=None, create=False, size=0):
-        original_init(self, name, create, size)
-        if create:
-            record(os.path.join(SHM_DIR, self.name))
-
-    shared_memory.SharedMemory.__init__ = __init__
+    after_import("multiprocessing.shared_memory", _record_shared_memory)
     after_import("joblib.externals.loky.backend.synchronize", _record_loky_semaphores)
     record_pid()  # its loky semaphores made before this point are still found by their name
     _recording = True
 
 
+@patch(
+    "multiprocessing.shared_memory",
+    {"SharedMemory.__init__": ("self", "name", "create", "size")},
+    written_against="Python 3.11",
+)
+def _record_shared_memory(shared_memory: ModuleType) -> None:
+    """``multiprocessing/shared_memory.py``: every ``SharedMemory(create=True)`` records its ``/dev/shm`` path."""
+    original_init = shared_memory.SharedMemory.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, name=None, create=False, size=0, *args, **kwargs):
+        original_init(self, name, create, size, *args, **kwargs)
+        if create:
+            record(os.path.join(SHM_DIR, self.name))
+
+    shared_memory.SharedMemory.__init__ = __init__
+
+
+@patch(
+    "joblib.externals.loky.backend.synchronize",
+    {"SemLock.__init__": ("self", "kind", "value", "maxvalue")},
+    written_against="joblib 1.6.0",
+)
 def _record_loky_semaphores(synchronize: ModuleType) -> None:
     """``joblib/externals/loky/backend/synchronize.py``: every ``SemLock`` records its ``/dev/shm/sem.loky-*`` file.
 
@@ -233,6 +246,10 @@ def _own_run_at_exit() -> None:
     atexit.register(at_exit)
 
 
+@patch(
+    "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
+    {"BucketedWeightSender.async_send_weights": ("self", "weights"), "create_shared_memory": ("size", "name")},
+)
 def _remove_failed_buckets(transfer: ModuleType) -> None:
     """``bucketed_weight_transfer.py``: a failed send removes its ``/dev/shm`` bucket (verl loses track of it when
     the first send fails)."""

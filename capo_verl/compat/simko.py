@@ -68,7 +68,7 @@ from capo_verl.losses.simko import (
     topk_and_entropy,
 )
 
-from . import after_import, check_signature
+from . import after_import, patch
 
 LOSS_MODE = "simko"
 #: model-output keys added by the engine patch (nested like ``log_probs``)
@@ -112,6 +112,7 @@ def simko_params_of(actor_config):
 
 
 # --- 4. config -------------------------------------------------------------------------------------------------------
+@patch("verl.workers.config", {"PolicyLossConfig": None})
 def _patch_policy_loss_config(config_pkg) -> None:
     """verl/workers/config: ``PolicyLossConfig`` with a ``simko`` field (validated, defaults filled in)."""
     original = config_pkg.PolicyLossConfig
@@ -353,15 +354,18 @@ def _response_positions(micro_batch, cu_seqlens: torch.Tensor) -> torch.Tensor:
     return first + within
 
 
+@patch(
+    "verl.workers.engine.fsdp.transformer_impl",
+    {
+        "FSDPEngineWithLMHead.prepare_model_outputs": (
+            "self", "output", "output_args", "micro_batch", "logits_processor_func"
+        )
+    },
+)  # fmt: skip
 def _patch_engine(impl) -> None:
     """verl/workers/engine/fsdp/transformer_impl.py: ``FSDPEngineWithLMHead.prepare_model_outputs``."""
     cls = impl.FSDPEngineWithLMHead
     original = cls.prepare_model_outputs
-    check_signature(
-        original,
-        ["self", "output", "output_args", "micro_batch", "logits_processor_func"],
-        "FSDPEngineWithLMHead.prepare_model_outputs",
-    )
     if getattr(original, "__capo_verl_simko__", False):
         return
 
@@ -378,10 +382,13 @@ def _patch_engine(impl) -> None:
 
 
 # --- 2. ppo_loss: the engine's tensors to the registered loss -------------------------------------------------------
+@patch(
+    "verl.workers.utils.losses",
+    {"ppo_loss": ("config", "model_output", "data", "dp_group"), "no_padding_2_padding": ("tensor", "data")},
+)
 def _patch_ppo_loss(losses) -> None:
     """verl/workers/utils/losses.py: ``ppo_loss`` hands SimKO's tensors to the ``simko`` policy loss."""
     original = losses.ppo_loss
-    check_signature(original, ["config", "model_output", "data", "dp_group"], "ppo_loss")
     if getattr(original, "__capo_verl_simko__", False):
         return
     no_padding_2_padding = losses.no_padding_2_padding
@@ -468,6 +475,10 @@ def compute_policy_loss_simko(
 compute_policy_loss_simko.source = SOURCE
 
 
+@patch(
+    "verl.trainer.ppo.core_algos",
+    {"register_policy_loss": ("name",), "get_policy_loss_fn": ("name",), "POLICY_LOSS_REGISTRY": None},
+)
 def _register_loss(core_algos) -> None:
     """verl/trainer/ppo/core_algos.py: ``register_policy_loss("simko")``."""
     registered = core_algos.POLICY_LOSS_REGISTRY.get(LOSS_MODE)

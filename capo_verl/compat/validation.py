@@ -47,7 +47,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import after_import, check_signature
+from . import after_import, patch
 
 logger = logging.getLogger("capo_verl")
 
@@ -281,13 +281,13 @@ def calibration_metrics_for(trainer, data_sources, sample_uids, reward_extra_inf
 
 
 # --- 1. verl/experimental/agent_loop/agent_loop.py: lpm into reward_extra_info ------------------------------
+@patch("verl.experimental.agent_loop.agent_loop", {"AgentLoopWorker._compute_score": ("self", "outputs", "kwargs")})
 def _patch_agent_loop(agent_loop) -> None:
     """``AgentLoopWorker._compute_score(self, outputs, kwargs)`` fills ``reward_extra_info`` of the final
     output (``outputs[-1]``); afterwards, attach that output's ``lpm``. ``AgentLoopWorkerTQ`` (v1,
     verl/trainer/ppo/v1/agent_loop_tq.py) inherits the method."""
     cls = agent_loop.AgentLoopWorker
     original = cls._compute_score
-    check_signature(original, ["self", "outputs", "kwargs"], "AgentLoopWorker._compute_score")
 
     @functools.wraps(original)
     async def _compute_score(self, outputs, *args, **kwargs):
@@ -299,17 +299,18 @@ def _patch_agent_loop(agent_loop) -> None:
 
 
 # --- 2. trainers: val-calib metrics next to verl's val-core ---------------------------------------------
-def _wrap_val_metrics_update(cls, where: str) -> None:
+#: the parameters of verl 0.9.1's ``_val_metrics_update`` (v1 and legacy trainer) that the patch passes on
+_VAL_METRICS_UPDATE = ("self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns")
+
+
+def _wrap_val_metrics_update(cls) -> None:
     """Wrap ``cls._val_metrics_update``: verl's metrics without ``lpm``, plus :func:`calibration_metrics_for`.
 
     The patched method raises what :func:`calibration_metrics_for` raises (only when ``trainer.val_calib`` is
-    invalid or the metrics are required).
-
-    Raises:
-        RuntimeError: at patch time, verl's method does not have 0.9.1's parameters.
+    invalid or the metrics are required). The callers' :func:`~capo_verl.compat.patch` declarations check
+    verl's parameters first.
     """
     original = cls._val_metrics_update
-    check_signature(original, ["self", "data_sources", "sample_uids", "reward_extra_infos_dict", "sample_turns"], where)
 
     @functools.wraps(original)
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, *args, **kwargs):
@@ -323,14 +324,16 @@ def _wrap_val_metrics_update(cls, where: str) -> None:
     cls._val_metrics_update = _val_metrics_update
 
 
+@patch("verl.trainer.ppo.v1.trainer_base", {"PPOTrainer._val_metrics_update": _VAL_METRICS_UPDATE})
 def _patch_v1_trainer(trainer_base) -> None:
     """verl/trainer/ppo/v1/trainer_base.py: ``PPOTrainer._val_metrics_update``."""
-    _wrap_val_metrics_update(trainer_base.PPOTrainer, "PPOTrainer._val_metrics_update")
+    _wrap_val_metrics_update(trainer_base.PPOTrainer)
 
 
+@patch("verl.trainer.ppo.ray_trainer", {"RayPPOTrainer._val_metrics_update": _VAL_METRICS_UPDATE})
 def _patch_legacy_trainer(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: ``RayPPOTrainer._val_metrics_update`` (trainer.use_v1=false)."""
-    _wrap_val_metrics_update(ray_trainer.RayPPOTrainer, "RayPPOTrainer._val_metrics_update")
+    _wrap_val_metrics_update(ray_trainer.RayPPOTrainer)
 
 
 def install() -> None:

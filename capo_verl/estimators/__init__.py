@@ -11,10 +11,11 @@ name           module                      method
 
 :mod:`.common` holds what they share: reading the batch once (group ids, behaviour log-probs, sequence means,
 correctness, reference perplexity), GRPO's group statistics, the noise mask, config reading and the per-step metrics
-queue. Each module's ``compute_<name>_outcome_advantage`` has verl's estimator signature; they are registered with
-verl under ``algorithm.adv_estimator=<name>`` in one place, :mod:`capo_verl.compat.methods`, which the
-``verl.plugins`` entry point (:mod:`capo_verl.plugin`) installs in every process at ``import verl``. Importing this
-package registers nothing.
+queue. Each module's ``compute_<name>_outcome_advantage`` has verl's estimator signature and declares, next to it,
+its name, batch keys, config section and needs (:func:`.registry.register_estimator`, collected in
+:data:`.registry.ESTIMATORS`). :mod:`capo_verl.compat.methods` registers them with verl under
+``algorithm.adv_estimator=<name>``; the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`) installs it in every
+process at ``import verl``. Importing this package registers nothing with verl.
 """
 
 from capo_verl.estimators.capo import CapoConfig, capo_pairwise_advantages, check_tau, compute_capo_outcome_advantage
@@ -37,7 +38,6 @@ from capo_verl.estimators.common import (
     pop_step_metrics,
     record_step_metrics,
     reference_ppl_mask,
-    sequence_mean,
 )
 from capo_verl.estimators.grpo_mask import compute_grpo_mask_outcome_advantage
 
@@ -61,5 +61,4 @@ __all__ = [
     "pop_step_metrics",
     "record_step_metrics",
     "reference_ppl_mask",
-    "sequence_mean",
 ]

@@ -37,7 +37,8 @@ verl's usual PPO-clip loss.
 Cost: one masked mean over ``old_log_probs`` (and ``ref_log_prob``) plus the pairwise step over the pairs of each
 group (sum of G^2 over the mixed groups), processed per group size in blocks of at most :data:`PAIR_BLOCK` pairs, so
 the extra memory is O(bs + PAIR_BLOCK) whatever the group sizes; no (bs, bs) matrix and no padding to the largest
-group. Nothing here imports verl; ``capo_verl.compat.methods`` registers :func:`compute_capo_outcome_advantage`.
+group. Nothing here imports verl; :func:`compute_capo_outcome_advantage` declares its registration
+(:func:`~capo_verl.estimators.registry.register_estimator`), which ``capo_verl.compat.methods`` makes with verl.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from capo_verl.estimators.common import (
     record_step_metrics,
     reference_ppl_mask,
 )
+from capo_verl.estimators.registry import register_estimator
 
 __all__ = [
     "CapoConfig",
@@ -155,6 +157,15 @@ class CapoConfig:
         return read_config_section(cls, config, "capo")
 
 
+def uses_noise_mask(algorithm_config) -> bool:
+    """``algorithm.capo.use_mask``: the noise mask (Eq. 18) needs the reference model's log-probs (``ref_log_prob``).
+
+    Raises:
+        ValueError: an invalid ``algorithm.capo`` (:meth:`CapoConfig.from_algorithm_config`).
+    """
+    return CapoConfig.from_algorithm_config(algorithm_config).use_mask
+
+
 def capo_pairwise_advantages(
     lpm: torch.Tensor,
     correct: torch.Tensor,
@@ -226,6 +237,13 @@ def capo_pairwise_advantages(
     return adv
 
 
+@register_estimator(
+    "capo",
+    batch_keys=("old_log_probs", "rollout_log_probs", "ref_log_prob"),
+    section="capo",
+    config_class=CapoConfig,
+    needs_reference_policy=uses_noise_mask,
+)
 def compute_capo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -33,7 +33,8 @@ CDE's critic-side bonus (variance of a multi-head critic, PPO only) is not imple
 
 ``w_zero_after_step`` needs verl's v1 trainer (``trainer.use_v1=true``): the legacy trainer does not hand the step to
 the advantage step, and capo-verl's ``validate_config`` check refuses that combination before anything starts.
-Nothing here imports verl; ``capo_verl.compat.methods`` registers :func:`compute_cde_outcome_advantage`.
+Nothing here imports verl; :func:`compute_cde_outcome_advantage` declares its registration
+(:func:`~capo_verl.estimators.registry.register_estimator`), which ``capo_verl.compat.methods`` makes with verl.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from capo_verl.estimators.common import (
     read_config_section,
     record_step_metrics,
 )
+from capo_verl.estimators.registry import register_estimator
 
 __all__ = ["CdeConfig", "cde_bonus_weight", "cde_shaped_rewards", "cde_advantages", "compute_cde_outcome_advantage"]
 
@@ -155,6 +157,13 @@ def cde_advantages(
     return grpo_group_advantages(shaped, gid, n_groups, norm_by_std, epsilon), shaped, bonus
 
 
+@register_estimator(
+    "cde",
+    batch_keys=("old_log_probs", "rollout_log_probs"),
+    section="cde",
+    config_class=CdeConfig,
+    needs_training_step=True,
+)
 def compute_cde_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -26,7 +26,8 @@ time only its top-quarter questions by weight, each repeated ``repeat_count`` ti
 its pure parts here: :func:`select_questions` (which questions qualify) and :func:`apply_batch_rows` (the rows of
 the second step's batch). verl's trainer is driven by :mod:`capo_verl.compat.codapo_sampling`, which reads the
 per-question weights this estimator leaves for it (:func:`pop_question_weights`). Nothing here imports verl;
-``capo_verl.compat.methods`` registers :func:`compute_codapo_outcome_advantage`.
+:func:`compute_codapo_outcome_advantage` declares its registration
+(:func:`~capo_verl.estimators.registry.register_estimator`), which ``capo_verl.compat.methods`` makes with verl.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from capo_verl.estimators.common import (
     read_config_section,
     record_step_metrics,
 )
+from capo_verl.estimators.registry import register_estimator
 
 __all__ = [
     "CodapoConfig",
@@ -250,6 +252,9 @@ def codapo_advantages(
     return adv, weight, confidence, difficulty_weight
 
 
+@register_estimator(
+    "codapo", batch_keys=("old_log_probs", "rollout_log_probs"), section="codapo", config_class=CodapoConfig
+)
 def compute_codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

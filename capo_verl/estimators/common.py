@@ -26,7 +26,6 @@ __all__ = [
     "BatchView",
     "read_batch",
     "norm_adv_by_std",
-    "sequence_mean",
     "group_ids",
     "GroupLayout",
     "group_layout",
@@ -70,25 +69,6 @@ def queued_step_metrics() -> Mapping[str, float]:
 
 
 # --- reading the batch ---------------------------------------------------------------------------------------------
-def sequence_mean(values: torch.Tensor, response_mask: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over each response's valid tokens, accumulated in float32 (e.g. lpm from ``old_log_probs``).
-
-    Args:
-        values: ``(bs, response_length)`` per-token log-probs (nats), any float dtype.
-        response_mask: ``(bs, response_length)`` 1 for valid tokens (bool/int/float).
-        key: the batch key of ``values``, for error messages.
-
-    Returns:
-        ``(mean, n_valid)``: ``(bs,)`` float32 mean (0 where a response has no valid token) and
-        ``(bs,)`` float32 count of valid tokens.
-
-    Raises:
-        ValueError: on a shape mismatch, or a NaN/inf at a valid position (padding is ignored).
-    """
-    _, n_valid, sums, _ = row_sweep(response_mask, {key: values})
-    return sums[key] / n_valid.clamp_min(1.0), n_valid
-
-
 def row_sweep(response_mask, masked: dict, rewards=None):
     """Everything an estimator reads from the ``(bs, T)`` tensors, in one cache-friendly sweep over row blocks.
 

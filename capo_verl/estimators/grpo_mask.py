@@ -1,6 +1,7 @@
 """The paper's "GRPO + mask only" ablation (appendix), registered with verl as ``grpo_mask``: GRPO's advantage
 times CAPO's reference-PPL noise mask (Eq. 18). Reads ``algorithm.capo.{ref_high, ref_low, use_mask,
-reward_threshold}`` and ``algorithm.norm_adv_by_std_in_grpo``. Nothing here imports verl.
+reward_threshold}`` and ``algorithm.norm_adv_by_std_in_grpo``. Nothing here imports verl; the function declares its
+registration (:func:`~capo_verl.estimators.registry.register_estimator`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from capo_verl.estimators.capo import CapoConfig
+from capo_verl.estimators.capo import CapoConfig, uses_noise_mask
 from capo_verl.estimators.common import (
     grpo_group_advantages,
     norm_adv_by_std,
@@ -16,10 +17,18 @@ from capo_verl.estimators.common import (
     record_step_metrics,
     reference_ppl_mask,
 )
+from capo_verl.estimators.registry import register_estimator
 
 __all__ = ["compute_grpo_mask_outcome_advantage"]
 
 
+@register_estimator(
+    "grpo_mask",
+    batch_keys=("ref_log_prob",),
+    section="capo",
+    config_class=CapoConfig,
+    needs_reference_policy=uses_noise_mask,
+)
 def compute_grpo_mask_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

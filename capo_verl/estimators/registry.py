@@ -1,0 +1,90 @@
+"""Where each estimator declares how verl calls it, next to its function, in the spirit of verl's
+``@register_adv_est`` (``verl/trainer/ppo/core_algos.py``).
+
+An estimator module decorates its ``compute_<name>_outcome_advantage`` with :func:`register_estimator`, which records
+an :class:`EstimatorSpec` in :data:`ESTIMATORS` and returns the function unchanged. Nothing here imports verl:
+:mod:`capo_verl.compat.methods` reads :data:`ESTIMATORS` and registers each one with verl's ``register_adv_est``
+(forwarding the declared batch tensors, turning on the reference pass, passing the training step), and checks each
+declared ``algorithm.<section>`` in verl's ``validate_config``. Adding an estimator is one decorated function in one
+module, imported by :mod:`capo_verl.estimators`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ESTIMATORS", "EstimatorSpec", "config_sections", "register_estimator"]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """How verl calls one of capo-verl's estimators.
+
+    Attributes:
+        name: the ``algorithm.adv_estimator`` value.
+        fn: the estimator, with verl's signature ``fn(token_level_rewards, response_mask, index, config, **batch)``.
+        batch_keys: ``data.batch`` tensors passed to ``fn`` as keywords when present.
+        section: the ``algorithm.<section>`` it reads.
+        config_class: the frozen dataclass that parses that section (``from_algorithm_config(algorithm)``).
+        needs_reference_policy: ``f(algorithm_config) -> bool``, true when it needs ``ref_log_prob``; or None.
+        needs_training_step: it is passed ``global_step=`` (verl's ``trainer.global_steps``).
+    """
+
+    name: str
+    fn: Callable
+    batch_keys: tuple[str, ...]
+    section: str
+    config_class: type
+    needs_reference_policy: Callable[[object], bool] | None = None
+    needs_training_step: bool = False
+
+
+#: ``algorithm.adv_estimator`` name -> how verl calls it; filled by :func:`register_estimator` when the estimator
+#: modules are imported (``import capo_verl.estimators`` imports them all).
+ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+def register_estimator(
+    name: str,
+    *,
+    batch_keys: Sequence[str],
+    section: str,
+    config_class: type,
+    needs_reference_policy: Callable[[object], bool] | None = None,
+    needs_training_step: bool = False,
+):
+    """Decorator: declare ``fn`` as capo-verl's estimator ``name`` (:class:`EstimatorSpec`); returns ``fn`` unchanged.
+
+    Args:
+        name: the ``algorithm.adv_estimator`` value.
+        batch_keys: ``data.batch`` tensors ``fn`` takes as keywords, e.g. ``("old_log_probs", "ref_log_prob")``.
+        section: the ``algorithm.<section>`` ``fn`` reads (several estimators may share one).
+        config_class: the dataclass that parses ``algorithm.<section>``.
+        needs_reference_policy: ``f(algorithm_config) -> bool``, true when the run needs ``ref_log_prob``.
+        needs_training_step: ``fn`` takes ``global_step=`` (verl's ``trainer.global_steps``).
+
+    Raises:
+        ValueError: ``name`` is already declared by another function, or ``section`` is already parsed by another
+            class.
+    """
+
+    def decorator(fn):
+        spec = EstimatorSpec(
+            name, fn, tuple(batch_keys), section, config_class, needs_reference_policy, needs_training_step
+        )
+        known = ESTIMATORS.get(name)
+        if known is not None and known.fn is not fn:
+            raise ValueError(f"estimator {name!r} is already declared by {known.fn.__module__}.{known.fn.__qualname__}")
+        other = config_sections().get(section, config_class)
+        if other is not config_class:
+            raise ValueError(f"algorithm.{section} is already parsed by {other.__name__}, not {config_class.__name__}")
+        ESTIMATORS[name] = spec
+        return fn
+
+    return decorator
+
+
+def config_sections() -> dict[str, type]:
+    """``algorithm.<section>`` -> the dataclass that parses it, for every declared estimator's section."""
+    return {spec.section: spec.config_class for spec in ESTIMATORS.values()}
