@@ -560,6 +560,8 @@ def load_hf_model():
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **kwargs).eval()
 
     return load
+
+
 # =====================================================================================================================
 # Estimator harnesses (test_cde.py, test_codapo.py, test_estimator.py, test_v1_step_metrics.py): batches of responses
 # with a constant per-token log-prob, the sequence values of a broadcast advantage, and verl's TransferQueue.
