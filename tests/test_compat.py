@@ -29,7 +29,7 @@ def test_signature_mismatch_is_refused():
 def test_after_import_patches_a_module_when_it_is_executed(tmp_path, monkeypatch):
     (tmp_path / "capo_probe_module.py").write_text("def f():\n    return 1\n\nVALUE = f()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(compat, "PATCHES", dict(compat.PATCHES))
+    monkeypatch.setattr(compat.patching, "PATCHES", dict(compat.PATCHES))
     seen = []
 
     @compat.patch("capo_probe_module", {"f": ()}, written_against="the probe")

@@ -51,7 +51,7 @@ def test_plugin_installed_the_patches():
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    assert compat.INSTALL_ERROR is None
+    assert compat.patching.INSTALL_ERROR is None
     for fn in (AgentLoopWorker._compute_score, PPOTrainer._val_metrics_update, RayPPOTrainer._val_metrics_update):
         assert fn.__code__.co_filename == validation.__file__
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from capo_verl.estimators.common import pop_step_metrics, queued_step_metrics, record_step_metrics
 
-from . import after_import, patch
+from .patching import after_import, patch
 
 __all__ = [
     "batch_calibration_metrics",
@@ -93,9 +93,8 @@ def register_batch_aware_adv_est(
         def called_by_verl(**verl_kwargs):
             extras = _BATCH_EXTRAS.get()
             if extras is None:
-                from capo_verl import compat
+                from .patching import INSTALL_ERROR as error
 
-                error = compat.INSTALL_ERROR
                 reason = f" (capo_verl.compat failed to install: {error})" if error else ""
                 raise RuntimeError(
                     f"advantage estimator '{name}' needs {list(batch_keys)} from the batch, which verl "

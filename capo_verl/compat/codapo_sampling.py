@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from capo_verl.estimators.codapo import CodapoConfig, apply_batch_rows, pop_question_weights, select_questions
 
-from . import after_import, patch
+from .patching import after_import, patch
 
 __all__ = ["check_resample_setup", "install", "resample_config"]
 

@@ -46,7 +46,7 @@ import torch
 
 from capo_verl import precision
 
-from . import after_import, installed_release, patch
+from .patching import after_import, installed_release, patch
 
 logger = logging.getLogger("capo_verl.compat.cpu")
 

@@ -53,9 +53,9 @@ from capo_verl import reward as capo_reward
 from capo_verl.estimators.capo import CapoConfig
 from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
 
-from . import after_import, patch
 from .advantage import register_batch_aware_adv_est
 from .codapo_sampling import check_resample_setup
+from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .simko import check_simko_setup
 from .validation import parse_val_calib

@@ -40,7 +40,7 @@ import secrets
 import tempfile
 from types import ModuleType
 
-from . import after_import, patch
+from .patching import after_import, patch
 
 logger = logging.getLogger("capo_verl.compat.shm")
 

@@ -68,7 +68,7 @@ from capo_verl.losses.simko import (
     topk_and_entropy,
 )
 
-from . import after_import, patch
+from .patching import after_import, patch
 
 LOSS_MODE = "simko"
 #: model-output keys added by the engine patch (nested like ``log_probs``)
@@ -448,9 +448,9 @@ def compute_policy_loss_simko(
 
     inputs = _INPUTS.get()
     if inputs is None:
-        from capo_verl import compat
+        from .patching import INSTALL_ERROR as error
 
-        reason = f" (capo_verl.compat failed to install: {compat.INSTALL_ERROR})" if compat.INSTALL_ERROR else ""
+        reason = f" (capo_verl.compat failed to install: {error})" if error else ""
         raise _runtime_error(
             "the policy loss was called without the current policy's top-K log-probs, which only capo-verl's "
             f"patch of verl's FSDP engine computes{reason}"

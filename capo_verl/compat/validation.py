@@ -47,7 +47,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import after_import, patch
+from .patching import after_import, patch
 
 logger = logging.getLogger("capo_verl")
 

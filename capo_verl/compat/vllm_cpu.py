@@ -71,7 +71,7 @@ from types import ModuleType
 
 import torch
 
-from . import after_import, around_import, patch
+from .patching import after_import, around_import, patch
 
 logger = logging.getLogger("capo_verl.compat.vllm_cpu")
 

@@ -148,8 +148,8 @@ def load_cpu_sampler() -> None:
     from capo_verl import compat
     from capo_verl.compat import vllm_cpu
 
-    if compat.INSTALL_ERROR is not None:
-        raise RuntimeError(f"capo-verl could not install itself into verl: {compat.INSTALL_ERROR}")
+    if compat.patching.INSTALL_ERROR is not None:
+        raise RuntimeError(f"capo-verl could not install itself into verl: {compat.patching.INSTALL_ERROR}")
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
     where = TopKTopPSampler.forward_cpu.__code__.co_filename

@@ -138,7 +138,7 @@ def test_every_registered_estimator_is_in_verls_registry():
 
     from capo_verl import compat
 
-    assert compat.INSTALL_ERROR is None
+    assert compat.patching.INSTALL_ERROR is None
     for name in estimator_names():
         assert name in core_algos.ADV_ESTIMATOR_REGISTRY, name
 

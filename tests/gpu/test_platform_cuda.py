@@ -25,7 +25,7 @@ def test_verl_resolves_cuda_and_the_cpu_platform_declines_the_host():
     from capo_verl import compat
     from capo_verl.compat import cpu
 
-    assert compat.INSTALL_ERROR is None
+    assert compat.patching.INSTALL_ERROR is None
     assert os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu", "VERL_PLATFORM=cpu forces the CPU platform"
     assert torch.cuda.is_available() and cpu.torch_accelerator() == "cuda"
     platform = get_platform()
