@@ -16,9 +16,13 @@ questions; a per-question value's sampling noise falls as ``1 / k``), and the t 
 ``t(0.975, n - 1) * sqrt(var_t + projected var_q) / sqrt(n)``. With three seeds, ``V`` and so ``var_t`` rest on two
 degrees of freedom: the table also gives the half-width with ``var_t`` doubled.
 
-Unit hours are projected from pilot 2's own timings: the mean step time, the step-30 validation pass (scaled by the
-number of responses), and the held-out generation; the teacher-forced scoring time is an input (``--tf-s-per-2048``,
+Unit hours are projected from pilot 2's own timings: the mean step time, the step-30 validation pass and the step-0
+pass (what verl's trainer spent besides its steps and its step-30 pass, less 60 s of start-up), both scaled by the
+number of responses, and the held-out generation; the teacher-forced scoring time is an input (``--tf-s-per-2048``,
 pilot 2's STATUS.md: 238 s for 2,048 responses in float32).
+
+The question bootstrap holds all of a question's noise, including a part that every seed shares (all seeds validate
+on the same questions), which does not enter the spread between seeds: ``var_t`` is, if anything, too low.
 
     .venv/bin/python benchmarks/power_main.py benchmarks/results/compare_pilot2_cpu/pilot \\
         > benchmarks/results/compare_main_cpu/power.md
@@ -104,20 +108,25 @@ def seed_split(pilot: Path, seed: int, n_boot: int, rng: np.random.Generator) ->
 
 def timings(pilot: Path, seeds: list[int]) -> dict:
     """Pilot 2's per-unit timings (s): mean step, step-30 validation pass, held-out generation, whole run."""
-    steps, tests, heldout, walls = [], [], [], []
+    steps, tests, heldout, walls, rest = [], [], [], [], []
     for seed in seeds:
         for m in METHODS:
             run = pilot / f"seed{seed}" / m
             metrics = read_metrics(run / "metrics.jsonl")
-            steps += series(metrics, "timing_s/step")[1]
-            tests += series(metrics, "timing_s/testing")[1]
+            unit_steps = series(metrics, "timing_s/step")[1]
+            unit_tests = series(metrics, "timing_s/testing")[1]
+            steps += unit_steps
+            tests += unit_tests
             heldout.append(json.loads((run / "eval_generations.jsonl.meta.json").read_text())["wall_s"])
             walls.append(json.loads((run / "done.json").read_text())["wall_s"])
+            # what verl's trainer spent besides its steps and its step-30 pass: start-up and the step-0 pass
+            rest.append(walls[-1] - sum(unit_steps) - sum(unit_tests))
     return {
         "step_s": float(np.mean(steps)),
         "val30_s": float(np.mean(tests)),
         "heldout_s": float(np.mean(heldout)),
         "run_s": float(np.mean(walls)),
+        "rest_s": float(np.mean(rest)),
     }
 
 
@@ -183,22 +192,27 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {label} | {size} | " + " | ".join(cells) + " |")
 
     print("\n## Projected hours of units\n")
+    step0 = t["rest_s"] - 60.0  # 60 s of start-up a unit
     print(f"Pilot 2's timings (six units): {t['step_s']:.1f} s a step, {t['val30_s']:.0f} s for the step-30 "
           f"validation pass of {q0} x {k0}, {t['heldout_s']:.0f} s of held-out generation, {t['run_s'] / 60:.1f} min a "
-          f"run in verl's trainer. Teacher-forced scoring of {args.tf_responses} responses at step 30 only: "
-          f"{args.tf_s_per_2048 * args.tf_responses / 2048 / 60:.1f} min. The step-0 pass runs once per seed (at "
-          "most as long as the step-30 pass scaled; the base model's responses are longer), 60 s of start-up a "
-          "unit.\n")  # fmt: skip
-    print("| questions x samples | one unit (min) | one seed pair, step-0 pass shared (min) | " +
+          f"run in verl's trainer, of which {t['rest_s']:.0f} s were neither a step nor the step-30 pass: 60 s of "
+          f"start-up taken as such, the rest, {step0:.0f} s, is the step-0 pass ({step0 / t['val30_s']:.1f} x the "
+          "step-30 pass: the base model's responses are longer). Both passes are scaled by the number of responses. "
+          f"Teacher-forced scoring of {args.tf_responses} responses at step 30 only: "
+          f"{args.tf_s_per_2048 * args.tf_responses / 2048 / 60:.1f} min a unit. A seed pair: two units and one "
+          "step-0 pass (shared); the first seed validates step 0 under both methods, one pass more.\n")  # fmt: skip
+    print("| questions x samples | one unit, no step-0 pass (min) | step-0 pass (min) | one seed pair (min) | " +
           " | ".join(f"n = {n} (h)" for n in ns) + " |")  # fmt: skip
-    print("|---|---|---|" + "---|" * len(ns))
+    print("|---|---|---|---|" + "---|" * len(ns))
     for q in qs:
         for k in ks:
-            val = t["val30_s"] * (q * k) / (q0 * k0)
-            unit = 60 + 30 * t["step_s"] + val + t["heldout_s"] + args.tf_s_per_2048 * args.tf_responses / 2048
-            pair = 2 * unit + val
-            print(f"| {q} x {k} | {unit / 60:.0f} | {pair / 60:.0f} | " +
-                  " | ".join(f"{n * pair / 3600:.1f}" for n in ns) + " |")  # fmt: skip
+            scale = (q * k) / (q0 * k0)
+            unit = 60 + 30 * t["step_s"] + t["val30_s"] * scale + t["heldout_s"]
+            unit += args.tf_s_per_2048 * args.tf_responses / 2048
+            pass0 = step0 * scale
+            pair = 2 * unit + pass0
+            print(f"| {q} x {k} | {unit / 60:.0f} | {pass0 / 60:.0f} | {pair / 60:.0f} | " +
+                  " | ".join(f"{(n * pair + pass0) / 3600:.1f}" for n in ns) + " |")  # fmt: skip
     return 0
 
 

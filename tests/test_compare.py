@@ -508,7 +508,9 @@ def test_seeds_summary_pairs_methods_by_seed_and_question(tmp_path):
         (1, "capo", 0): (half, solved), (1, "capo", 30): (up, solved),
     }  # fmt: skip
     _dump_passes(tmp_path, passes)
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=200)
+    summary = write_seeds_summary(
+        tmp_path, ["grpo", "capo"], [0, 1], plan=_toy_plan(tmp_path, questions=2, samples=3, steps=30), n_boot=200
+    )
 
     # AUC-mean per seed (mean over mixed questions): seed 0 grpo 0 -> (0 + .75)/2, capo (1 + .75)/2 -> (1 + 1)/2;
     # seed 1 grpo .75 -> (.75 + 0)/2, capo .75 -> 1.0 (b not mixed)
@@ -570,7 +572,9 @@ def test_seeds_summary_with_no_question_mixed_at_both_passes_of_a_seed(tmp_path)
         (1, "capo", 0): (up, solved), (1, "capo", 30): (down, solved),
     }  # fmt: skip
     _dump_passes(tmp_path, passes)
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=50)
+    summary = write_seeds_summary(
+        tmp_path, ["grpo", "capo"], [0, 1], plan=_toy_plan(tmp_path, questions=2, samples=3, steps=30), n_boot=50
+    )
 
     change = summary["differences"]["capo - grpo"]["auc_mean"]["change"]
     assert change == {"undefined": "no defined value for grpo, seed 1"}
@@ -654,7 +658,8 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
         (run / "eval_generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         entropy = [float(s) for s in range(1, 8)] if m == "grpo" else [2.0] * 7  # last 5: mean(3..7) = 5, and 2
         # grad norms against grad_clip 1.0: grpo 2 of 7 above it (1.0 itself is not), capo 5 of 7
-        grad = [0.5, 1.0, 1.5, 0.2, 3.0, 0.9, 0.1] if m == "grpo" else [1.1, 2.0, 0.5, 1.5, 1.2, 0.3, 4.0]
+        # (a non-finite norm is a step verl skipped, not a clipped one)
+        grad = [0.5, 1.0, 1.5, 0.2, 3.0, float("nan"), 0.1] if m == "grpo" else [1.1, 2.0, 0.5, 1.5, 1.2, 0.3, 4.0]
         adv = (0.5, -0.25) if m == "grpo" else (1.0 + k, -0.5)  # (correct, incorrect), the same every step
         (run / "metrics.jsonl").write_text(
             "".join(
@@ -673,9 +678,11 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
                 for s, (e, g) in enumerate(zip(entropy, grad))
             )
         )
-        composed = {"actor_rollout_ref": {"actor": {"grad_clip": 1.0}}}
+        composed = {"actor_rollout_ref": {"actor": {"optim": {"clip_grad": 1.0}}}}
         (run / "done.json").write_text(json.dumps({"settings": {"composed": composed}}))
-    summary = write_seeds_summary(tmp_path, ["grpo", "capo"], [0, 1], plan=_pilot2_plan(), n_boot=200)
+    summary = write_seeds_summary(
+        tmp_path, ["grpo", "capo"], [0, 1], plan=_toy_plan(tmp_path, questions=1, samples=3, steps=10), n_boot=200
+    )
     sec = summary["secondary"]
 
     tf_rows = sec["teacher_forced_auc_mean"]["rows"]
@@ -744,6 +751,19 @@ def _pilot2_plan():
     return load_plan(PILOT2 / "plan.yaml")
 
 
+def _toy_plan(folder: Path, *, questions: int, samples: int, steps: int):
+    """Pilot 2's plan (its endpoints, margins and rule) for a toy study of that validation size and step budget."""
+    import yaml
+
+    from capo_verl.compare.verdict import load_plan
+
+    raw = yaml.safe_load((PILOT2 / "plan.yaml").read_text())
+    raw.update(validation={"questions": questions, "samples": samples}, steps=steps)
+    path = folder / "toy_plan.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_plan(path)
+
+
 def _interval(low: float, high: float, sd: float = 0.03) -> dict:
     return {"mean": (low + high) / 2, "low": low, "high": high, "sd": sd}
 
@@ -802,7 +822,7 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
     """Pilot 2's seeds_summary.json, written at its code commit with the endpoints inside the package, regenerates
     from the committed unit files and its plan file with the same numbers, readings and verdict; the only keys it
     lost are pilot 1's primary reading (a study's protocol, no longer in the package), and every key it gained is a
-    new secondary measure or the plan's name and each endpoint's label."""
+    new secondary measure, the plan's name, each endpoint's label or the samples per question."""
     from capo_verl.compare.seeds import write_seeds_summary
 
     out = tmp_path / "pilot"
@@ -817,6 +837,7 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
     assert all(
         k.startswith((".plan.", ".secondary.grad_clipped.", ".differences.capo - grpo.auc_mean.both_mixed."))
         or k.endswith(".label")
+        or k == ".samples"
         for k in gained
     ), sorted(gained)[:5]
     for key in set(old) & set(new):
@@ -830,6 +851,13 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
     assert co["endpoints"]["calibration"]["seeds_needed"] == 11
     md = (out / "seeds_summary.md").read_text()
     assert "**Verdict, capo - grpo: no decision**" in md and "pilot 2's plan file (`plan.yaml`)" in md
+    # the units must be the plan's: 256 questions x 8 samples, 30 steps
+    from capo_verl.compare.verdict import PlanError
+
+    with pytest.raises(PlanError, match="validation.samples: the plan has 16, the units 8"):
+        write_seeds_summary(
+            out, ["grpo", "capo"], [0, 1, 2], plan=_toy_plan(tmp_path, questions=256, samples=16, steps=30)
+        )
 
 
 def test_a_plan_file_is_checked_and_each_fault_names_its_key(tmp_path):
@@ -873,6 +901,15 @@ def test_a_plan_file_is_checked_and_each_fault_names_its_key(tmp_path):
     )
     assert fault(lambda d: d.update(methods=["grpo"])).startswith("methods: expected a list of two or more")
     assert fault(lambda d: d.update(level=1.0)) == "level: expected a coverage in (0, 1), got 1.0"
+    assert fault(lambda d: d.update(seeds=[3, 3])).startswith("seeds: expected a list of distinct integers")
+    assert fault(lambda d: d.update(seeds=[True])).startswith("seeds: expected a list of distinct integers")
+    assert fault(lambda d: d.update(methods=["grpo", "grpo"])).startswith("methods: a method is listed twice")
+    assert fault(lambda d: d["endpoints"]["calibration"].update(measure=["auc_mean"])).startswith(
+        "endpoints.calibration.measure: ['auc_mean'] is not one of"
+    )
+    assert fault(lambda d: d["endpoints"]["calibration"].update(above="{margin} better")).startswith(
+        "endpoints.calibration.above: '{margin} better': only {m} and {base} may stand in braces"
+    )
     with pytest.raises(PlanError, match="cannot be read"):
         load_plan(tmp_path / "missing.yaml")
 
@@ -892,7 +929,7 @@ def test_a_shared_step0_pass_is_copied_marked_and_left_out_of_the_agreement(tmp_
         path.parent.mkdir(parents=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     seed1 = tmp_path / "seed1"
-    with pytest.raises(FileNotFoundError, match="no step-0 validation pass to share"):
+    with pytest.raises(RuntimeError, match="no step-0 validation pass to share"):
         share_step0(tmp_path / "seed2" / "grpo", tmp_path / "seed2" / "capo")
     target = share_step0(seed1 / "grpo", seed1 / "capo")
     source = seed1 / "grpo" / "val_generations" / "0.jsonl"

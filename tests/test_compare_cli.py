@@ -132,7 +132,10 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
         ),
         (["--seeds", "0-2000"], "argument --seeds: '0-2000': more than 100 seeds; each trains every method"),
         (["--val-questions", "most"], "argument --val-questions: not an integer: 'most'"),
-        (["--share-step0"], "--share-step0 shares the first method's step-0 pass within a seed: add --seeds K"),
+        (
+            ["--share-step0"],
+            "--share-step0 shares the first method's step-0 pass between the methods of a seed: it needs --seeds K",
+        ),
         (["--plan", str(PILOT2_PLAN)], "--plan reads a comparison across seeds; add --seeds (the plan's: 0,1,2)"),
         (["--plan", str(PILOT2_PLAN), "--seeds", "1,5"], "--seeds: seed 5 is not among the plan's seeds (0,1,2)"),
         (
@@ -493,3 +496,36 @@ def test_prepare_only_writes_the_data_and_the_pool_and_trains_nothing(tmp_path):
     assert not questions["val"] & questions["test"]
     expressions = {e["problem"] for e in train.extra_info}
     assert not {e["problem"] for e in val.extra_info} & expressions  # no validation calculation was trained on
+
+
+def test_share_step0_turns_off_the_second_methods_own_step0_pass_and_gives_it_the_firsts(tmp_path):
+    """``--share-step0``: the second method's training command ends with ``trainer.val_before_train=false`` (after
+    every shared override, so none undoes it), its recorded settings say so, and after training it holds the first
+    method's step-0 pass, marked; the first method trains as without the flag."""
+    from capo_verl.compare.running import SHARED_STEP0
+
+    out = tmp_path / "cmp"
+    calls = {}
+
+    def fake_run_method(method, folder, config, config_dir, overrides, *, settings):
+        calls[method] = (list(overrides), settings["method_overrides"])
+        run = folder / method
+        (run / "val_generations").mkdir(parents=True, exist_ok=True)
+        if method == "grpo":
+            (run / "val_generations" / "0.jsonl").write_text('{"input": "q", "output": "1", "lpm": -1.0, "acc": 1}\n')
+        return run
+
+    args = base_args(tmp_path, out, "--seeds", "0", "--share-step0")
+    with (
+        mock.patch.object(cli, "run_method", fake_run_method),
+        mock.patch.object(cli, "write_report", lambda *a, **kw: None),
+        mock.patch.object(cli, "write_seeds_summary", lambda out, *a, **kw: (out / "seeds_summary.md").write_text("")),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
+        assert cli.main(args) == 0
+    assert calls["capo"][0][-1] == "++trainer.val_before_train=false"
+    assert "++trainer.val_before_train=false" in calls["capo"][1]
+    assert not any("val_before_train" in o for o in calls["grpo"][0] + calls["grpo"][1])
+    capo = out / "seed0" / "capo" / "val_generations"
+    assert (capo / "0.jsonl").read_bytes() == (out / "seed0" / "grpo" / "val_generations" / "0.jsonl").read_bytes()
+    assert json.loads((capo / SHARED_STEP0).read_text())["from"] == "grpo/val_generations/0.jsonl"

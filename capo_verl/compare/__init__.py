@@ -9,7 +9,7 @@ One command (or ``python -m capo_verl.compare ...``)::
    arguments, every method's composed config (Hydra, verl's ``validate_config``), and the output folder, which
    compare marks as its own and never mixes settings in (a finished method is reused only with equal settings),
 1. writes the data once (GSM8K one-step calculations: train / 64 validation / 64 held-out evaluation problems,
-   :func:`capo_verl.models.write_gsm8k_calc_parquet`) unless ``--config`` names another config,
+   :func:`capo_verl.data.write_gsm8k_calc_parquet`) unless ``--config`` names another config,
 2. trains each method in turn with ``python -m verl.trainer.main_ppo`` on the same base config (default
    ``compare_smollm2_135m_cpu``, shipped in the package), data order, seeds, model, batch and step budget: the only
    difference between the runs is the method's overrides (:data:`METHODS`). verl's file logger writes one JSON

@@ -33,7 +33,7 @@ from capo_verl.compare.config import (
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import MARKER, prepare_out
 from capo_verl.compare.report import write_report
-from capo_verl.compare.running import evaluate, generate_heldout, run_method, share_step0
+from capo_verl.compare.running import check_step0_source, evaluate, generate_heldout, run_method, share_step0
 from capo_verl.compare.seeds import write_seeds_summary
 from capo_verl.compare.verdict import PlanError, StudyPlan, load_plan
 
@@ -237,9 +237,7 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         settings["teacher_forced"] = args.teacher_forced
     method_settings = {}  # --share-step0 is recorded in the methods' own overrides, not in what every seed shares
     for m in args.methods:
-        own = list(METHODS[m].overrides)
-        if args.share_step0 and m != args.methods[0]:
-            own.append("++trainer.val_before_train=false")  # takes the first method's step-0 pass
+        own = list(METHODS[m].overrides) + share_step0_overrides(args, m)
         cfg = checked_config(f"method {m}", args.config, config_dir, own + overrides)
         method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
     val_n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
@@ -260,6 +258,12 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         Path(str(base.actor_rollout_ref.model.path)),
         str(base.actor_rollout_ref.rollout.dtype),
     )
+
+
+def share_step0_overrides(args: argparse.Namespace, method: str) -> list[str]:
+    """``method``'s own overrides for ``--share-step0``: every method but the first skips the validation before
+    training (it takes the first method's step-0 pass, :func:`capo_verl.compare.running.share_step0`)."""
+    return ["++trainer.val_before_train=false"] if args.share_step0 and method != args.methods[0] else []
 
 
 def _overrides(args: argparse.Namespace, extra_overrides: list[str] = ()) -> tuple[list[str], Path | None, bool]:
@@ -381,8 +385,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     out = Path(args.out).expanduser().resolve()
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds lists a seed more than once: {_seeds_text(args.seeds)}")
+    if args.prepare_only and args.plot_only:
+        raise UsageError("--prepare-only and --plot-only: give one of them")
     if args.share_step0 and (args.seeds is None or len(args.methods) < 2):
-        raise UsageError("--share-step0 shares the first method's step-0 pass within a seed: add --seeds K")
+        raise UsageError(
+            "--share-step0 shares the first method's step-0 pass between the methods of a seed: it needs --seeds K "
+            "and two or more --methods"
+        )
     study = _check_plan(args)
     if args.plot_only:
         return _plot_only(out, args, study)
@@ -419,7 +428,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         )
         return commands.INTERRUPTED
     if args.prepare_only:
-        print(f"[compare] prepared {out}: data, model and teacher-forced pool; nothing trained", flush=True)
+        made = "data, model and teacher-forced pool" if args.teacher_forced is not None else "data and model"
+        print(f"[compare] prepared {out}: {made}; nothing trained", flush=True)
         return 0
     _summarize(out, args, study)
     return 0
@@ -456,10 +466,15 @@ def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, u
         if k is not None:
             print(f"[compare] seed {k}: {folder}", flush=True)
         for m in args.methods:
+            shared = share_step0_overrides(args, m)
+            if shared:  # the first method's step-0 pass must be there before this one trains without its own
+                check_step0_source(folder / args.methods[0], folder / m)
+            # after the shared overrides, so that none of them undoes it
+            overrides = plans[k].overrides + shared
             run_dir = run_method(
-                m, folder, args.config, plans[k].config_dir, plans[k].overrides, settings=plans[k].method_settings[m]
+                m, folder, args.config, plans[k].config_dir, overrides, settings=plans[k].method_settings[m]
             )
-            if args.share_step0 and m != args.methods[0]:
+            if shared:
                 share_step0(folder / args.methods[0], run_dir)
             # everything that needs the run's checkpoints, now: its small outputs are then complete without them
             if pool_dir is not None:

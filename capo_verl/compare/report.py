@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +107,7 @@ def series(steps: dict[int, dict], key_suffix: str, prefix: str = "") -> tuple[l
 def validation_passes(run_dir: Path) -> list[ValidationPass]:
     """Every validation dump of a method, by step."""
     folder = run_dir / "val_generations"
-    steps = {int(p.name.split(".")[0]) for p in folder.glob("*.jsonl*") if p.name.split(".")[0].isdigit()}
+    steps = {int(m.group(1)) for p in folder.glob("*.jsonl*") if (m := re.fullmatch(r"(\d+)\.jsonl(\.gz)?", p.name))}
     return [read_validation_pass(validation_dump(folder, step)) for step in sorted(steps)] if folder.exists() else []
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import RUN_MARKER
+from capo_verl.compare.report import validation_dump
 from capo_verl.launch import run_launched
 
 logger = logging.getLogger("capo_verl.compare")
@@ -223,31 +224,43 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
 SHARED_STEP0 = "0.shared.json"
 
 
+def check_step0_source(base_dir: Path, run_dir: Path) -> None:
+    """Before a run that skips its own step-0 validation trains (``compare --share-step0``): the seed's first method
+    has its step-0 pass, and the run has none of its own unless it took the first method's.
+
+    Raises:
+        RuntimeError: either is not so (nothing has trained yet for this run).
+    """
+    source = validation_dump(base_dir / "val_generations", 0)
+    if not source.exists():
+        raise RuntimeError(f"{source}: the seed's first method has no step-0 validation pass to share")
+    own = validation_dump(run_dir / "val_generations", 0)
+    if own.exists() and not (own.parent / SHARED_STEP0).exists():
+        raise RuntimeError(f"{own}: the run validated step 0 itself; it cannot also take {source}")
+
+
 def share_step0(base_dir: Path, run_dir: Path) -> Path:
     """Give a run that did not validate before training (``trainer.val_before_train=false``) the step-0 pass of
     ``base_dir``, the seed's first method: the same base weights, data and rollout seeds. Copies
-    ``<base>/val_generations/0.jsonl`` to ``<run>/val_generations/0.jsonl`` and records where it came from, with
-    its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`); nothing to do when both are
-    there. Returns the copied file.
+    ``<base>/val_generations/0.jsonl`` (or its ``.gz``, as committed) to the same name under ``<run>`` and records
+    where it came from, with its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`); nothing
+    to do when both are there. Returns the copied file.
 
     Raises:
-        FileNotFoundError: the first method has no step-0 pass.
-        RuntimeError: the run holds a step-0 pass of its own (it validated before training).
+        RuntimeError, FileNotFoundError: as :func:`check_step0_source`.
     """
     import hashlib
 
-    source, target = base_dir / "val_generations" / "0.jsonl", run_dir / "val_generations" / "0.jsonl"
+    check_step0_source(base_dir, run_dir)
+    source = validation_dump(base_dir / "val_generations", 0)
+    target = run_dir / "val_generations" / source.name
     marker = target.parent / SHARED_STEP0
     if target.exists() and marker.exists():
         return target
-    if target.exists():
-        raise RuntimeError(f"{target}: the run validated step 0 itself; it cannot also take {source}")
-    if not source.exists():
-        raise FileNotFoundError(f"{source}: the seed's first method has no step-0 validation pass to share")
     data = source.read_bytes()
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
-    record = {"from": f"{base_dir.name}/val_generations/0.jsonl", "sha256": hashlib.sha256(data).hexdigest()}
+    record = {"from": f"{base_dir.name}/val_generations/{source.name}", "sha256": hashlib.sha256(data).hexdigest()}
     marker.write_text(json.dumps(record, indent=1) + "\n")
     logger.info("%s: step-0 validation pass taken from %s", run_dir.name, source)
     return target

@@ -108,7 +108,8 @@ def _defined_difference(a, b, *, names: tuple[str, str], seeds: list[int], level
 
 def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict:
     """``{method: {measure: {"first": (S, Q), "last": (S, Q)}}}`` float64 arrays, seeds in ``seeds`` order, questions
-    in the sorted order of the first pass; also ``"steps"``: ``{method: [(first step, last step) per seed]}``.
+    in the sorted order of the first pass; also ``"steps"``: ``{method: [(first step, last step) per seed]}`` and
+    ``"samples"``: the most samples a question has in any pass.
 
     Raises:
         FileNotFoundError: a seed's method has no validation dump.
@@ -116,7 +117,7 @@ def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict
     """
     values: dict = {m: {k: {"first": [], "last": []} for k in MEASURES} for m in methods}
     steps: dict = {m: [] for m in methods}
-    questions = None
+    questions, samples = None, 0
     for k in seeds:
         for m in methods:
             run_dir = out / f"seed{k}" / m
@@ -129,6 +130,7 @@ def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict
                     questions = vp.questions
                 elif vp.questions != questions:
                     raise ValueError(f"{run_dir}: step {vp.step} validated other questions than the first pass read")
+                samples = max(samples, max(len(x) for x in vp.lpm))
                 per_q = vp.per_question()
                 for measure, (_, i) in MEASURES.items():
                     values[m][measure][which].append(per_q[i])
@@ -136,7 +138,7 @@ def per_question_values(out: Path, methods: list[str], seeds: list[int]) -> dict
         for measure in MEASURES:
             for which in ("first", "last"):
                 values[m][measure][which] = np.asarray(values[m][measure][which], dtype=np.float64)
-    return {"values": values, "steps": steps, "n_questions": len(questions or [])}
+    return {"values": values, "steps": steps, "n_questions": len(questions or []), "samples": samples}
 
 
 def write_seeds_summary(
@@ -174,6 +176,7 @@ def write_seeds_summary(
         "level": level,
         "n_boot": n_boot,
         "n_questions": data["n_questions"],
+        "samples": data["samples"],
         "steps": data["steps"],
         "per_seed": {
             m: {
@@ -396,13 +399,16 @@ def entropy_values(
 
 def grad_clip_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
     """``{method: (S,) float64}``: each run's share of steps whose ``actor/grad_norm`` (the norm before clipping,
-    verl's ``clip_grad_norm_``) exceeded ``actor_rollout_ref.actor.grad_clip`` of its recorded config
-    (``done.json``), so that the step was scaled down; None when a run logged no grad norm or has no record."""
+    ``clip_grad_norm_`` in verl's FSDP engine, ``verl/workers/engine/fsdp/transformer_impl.py``) exceeded the clip
+    its recorded config (``done.json``) gave verl's optimizer, ``actor_rollout_ref.actor.optim.clip_grad``, so that
+    the update was scaled down. A step with a non-finite norm, which verl skips, is not counted as clipped. None when
+    a run logged no grad norm or has no record."""
 
     def share(ys: list[float], run: Path) -> float:
-        composed = json.loads((run / "done.json").read_text())["settings"]["composed"]
-        clip = float(composed["actor_rollout_ref"]["actor"]["grad_clip"])
-        return float(np.mean(np.asarray(ys) > clip))
+        actor = json.loads((run / "done.json").read_text())["settings"]["composed"]["actor_rollout_ref"]["actor"]
+        clip = float(actor["optim"]["clip_grad"])
+        norms = np.asarray(ys, dtype=np.float64)
+        return float(np.mean(np.isfinite(norms) & (norms > clip)))
 
     if not all((out / f"seed{k}" / m / "done.json").exists() for k in seeds for m in methods):
         return None
@@ -487,7 +493,7 @@ def secondary_summary(
     clipped = grad_clip_values(out, methods, seeds)
     if clipped is not None:
         out_["grad_clipped"] = block(
-            "share of steps whose grad norm exceeded actor.grad_clip (the update was scaled down)",
+            "share of steps whose grad norm exceeded actor.optim.clip_grad (the update was scaled down)",
             {"share of steps": clipped},
         )
     adv = {o: advantage_values(out, methods, seeds, o) for o in ("correct", "incorrect")}

@@ -178,9 +178,16 @@ def load_plan(path: str | Path) -> StudyPlan:
     methods = raw["methods"]
     if not (isinstance(methods, list) and len(methods) >= 2 and all(isinstance(m, str) for m in methods)):
         raise fail("methods", f"expected a list of two or more method names, got {methods!r}")
+    if len(set(methods)) != len(methods):
+        raise fail("methods", f"a method is listed twice: {methods!r}")
     seeds = raw["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(isinstance(k, int) and k >= 0 for k in seeds)):
-        raise fail("seeds", f"expected a list of integers >= 0, got {seeds!r}")
+    if not (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in seeds)
+        and len(set(seeds)) == len(seeds)
+    ):
+        raise fail("seeds", f"expected a list of distinct integers >= 0, got {seeds!r}")
     validation = raw["validation"]
     if not isinstance(validation, dict) or set(validation) != {"questions", "samples"}:
         raise fail("validation", f"expected {{questions: N, samples: K}}, got {validation!r}")
@@ -202,11 +209,16 @@ def load_plan(path: str | Path) -> StudyPlan:
         for k in _ENDPOINT_KEYS - {"unit"}:
             if k not in e:
                 raise fail(f"{where}.{k}", "missing")
-        if e["measure"] not in MEASURES:
+        if not isinstance(e["measure"], str) or e["measure"] not in MEASURES:
             raise fail(f"{where}.measure", f"{e['measure']!r} is not one of {', '.join(MEASURES)}")
         for k in ("label", "above", "below", "unit"):
             if not isinstance(e.get(k, ""), str):
                 raise fail(f"{where}.{k}", f"expected text, got {e[k]!r}")
+        for k in ("above", "below"):
+            try:
+                e[k].format(m="m", base="base")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise fail(f"{where}.{k}", f"{e[k]!r}: only {{m}} and {{base}} may stand in braces ({exc})") from None
         margin = number(f"{where}.margin", e["margin"])
         endpoints.append(
             Endpoint(str(key), e["measure"], e["label"], float(margin), e.get("unit", ""), e["above"], e["below"])
@@ -225,7 +237,7 @@ def load_plan(path: str | Path) -> StudyPlan:
         parsed = []
         for i, c in enumerate(items):
             where = f"verdict.{part}[{i}]"
-            if not isinstance(c, dict) or c.get("endpoint") not in names:
+            if not isinstance(c, dict) or not isinstance(c.get("endpoint"), str) or c["endpoint"] not in names:
                 raise fail(where, f"expected {{endpoint: one of {', '.join(sorted(names))}, reading: [...]}}")
             _known(c, {"endpoint", "reading", "high_below"}, where, fail)
             if ("reading" in c) == ("high_below" in c):
@@ -332,13 +344,27 @@ def co_primary(summary: dict, plan: StudyPlan) -> dict:
     after the first, from a summary of :func:`capo_verl.compare.seeds.write_seeds_summary`.
 
     Raises:
-        PlanError: the summary's methods are not the plan's.
+        PlanError: the summary's methods, validation questions, samples per question or last steps are not the
+            plan's.
     """
     if tuple(summary["methods"]) != plan.methods:
         raise PlanError(
             f"plan file {plan.path}: methods: the plan compares {' '.join(plan.methods)}, the summary "
             f"{' '.join(summary['methods'])}; run compare with --methods {' '.join(plan.methods)}"
         )
+    found = {
+        "validation.questions": summary["n_questions"],
+        "validation.samples": summary.get("samples"),
+        "steps": sorted({last for runs in summary["steps"].values() for _, last in runs}),
+    }
+    wanted = {
+        "validation.questions": plan.validation["questions"],
+        "validation.samples": plan.validation["samples"],
+        "steps": [plan.steps],
+    }
+    for key, value in found.items():
+        if value is not None and value != wanted[key]:
+            raise PlanError(f"plan file {plan.path}: {key}: the plan has {wanted[key]}, the units {value}")
     base, level = plan.methods[0], plan.level
     result = {}
     for m in plan.methods[1:]:
