@@ -248,17 +248,17 @@ def _check_data_files(config) -> None:
 
 def _parquet_rows(paths: list[str]) -> int | None:
     """Rows of the parquet files ``paths`` from their footers, or None when one cannot be read that way."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:  # pragma: no cover - pyarrow comes with verl's datasets
-        return None
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     total = 0
     for path in paths:
         if not (_is_local(path) and path.endswith(".parquet") and os.path.isfile(path)):
             return None
         try:
             total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # not a parquet file verl can read either: verl says so itself
+        except (pa.ArrowException, OSError) as exc:  # refused by _check_data_sets, which reads the same footer
+            logger.debug("capo-verl start checks: rows of %s not read (%s)", path, exc)
             return None
     return total
 
@@ -293,6 +293,201 @@ def _check_training_set(config) -> None:
             f"data.train_batch_size={batch} per epoch), and verl would stop there without a word; set "
             f"{override(config, 'trainer.total_epochs', need)}"
         )
+
+
+# --- the data verl's dataset keeps -------------------------------------------------------------------------------
+#: columns every verl reward manager reads from a row (``verl/experimental/reward_loop/reward_manager/naive.py``:
+#: ``non_tensor_batch["data_source"]`` and ``["reward_model"]["ground_truth"]``)
+REWARD_COLUMNS = ("data_source", "reward_model")
+#: file types verl's ``RLHFDataset`` reads (``verl/utils/dataset/rl_dataset.py``, ``_read_files_and_tokenize``)
+DATA_SUFFIXES = (".parquet", ".json", ".jsonl")
+#: rows read from the head of a data set to see how many verl's dataset keeps, at least (more when it keeps too few)
+HEAD_ROWS = 64
+
+
+def _data_fix(key: str) -> str:
+    earlier = earlier_value(key)
+    if earlier is not None and "${" not in earlier:
+        return f"set {key}={earlier} (the value this command had before), or fix the data"
+    return "fix the data, or point the key at other files (capo-verl prepare-data writes the paper's)"
+
+
+def _parquet_schema_problem(path: str, prompt_key: str) -> str | None:
+    """Why verl cannot read ``path`` as its data, from the file's name and parquet footer; None when it can."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if os.path.isdir(path):
+        return f"{path} is a folder; verl reads files ({', '.join(DATA_SUFFIXES)})"
+    if not path.endswith(DATA_SUFFIXES):
+        return f"{path}: verl reads only {', '.join(DATA_SUFFIXES)} files (its RLHFDataset refuses any other)"
+    if not path.endswith(".parquet"):
+        return None  # JSON: read by verl's dataset below
+    try:
+        footer = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        return f"{path} is not a parquet file verl can read ({type(exc).__name__}: {exc})"
+    if footer.metadata.num_rows == 0:
+        return f"{path} holds no rows"
+    schema = footer.schema_arrow
+    names = schema.names
+    if prompt_key not in names:
+        return (
+            f"{path} has no column {prompt_key!r} (data.prompt_key), so verl's dataset drops every row; its columns: "
+            f"{', '.join(names)}"
+        )
+    for column in REWARD_COLUMNS:
+        if column not in names:
+            return (
+                f"{path} has no column {column!r}, which verl's reward reads for every response (it would fail at "
+                f"the first reward); its columns: {', '.join(names)}"
+            )
+    reward = schema.field("reward_model").type
+    if not (pa.types.is_struct(reward) and reward.get_field_index("ground_truth") >= 0):
+        return (
+            f"{path}: column 'reward_model' has no ground_truth field (verl's reward reads reward_model.ground_truth)"
+        )
+    return None
+
+
+def _tokenizer(config):
+    """verl's tokenizer and processor of the actor's model (``verl.utils.hf_tokenizer``, ``hf_processor``, as its
+    trainer loads them), or None when the model is not a local folder (a Hugging Face id is not downloaded here)."""
+    path = select(config, "actor_rollout_ref.model.path")
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        return None
+    from verl.utils import hf_processor, hf_tokenizer
+
+    trust = bool(select(config, "actor_rollout_ref.model.trust_remote_code") is True)
+    local = os.path.expanduser(path)
+    return hf_tokenizer(local, trust_remote_code=trust), hf_processor(local, trust_remote_code=trust, use_fast=True)
+
+
+@contextlib.contextmanager
+def _quiet_datasets(folder: str):
+    """verl's dataset prints its sizes and a traceback per row it cannot template, and ``datasets`` caches what it
+    reads: here the output goes nowhere and the cache to ``folder``."""
+    import io
+
+    import datasets
+
+    cache = datasets.config.HF_DATASETS_CACHE
+    bars = datasets.is_progress_bar_enabled()
+    datasets.config.HF_DATASETS_CACHE = folder
+    datasets.disable_progress_bars()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        datasets.config.HF_DATASETS_CACHE = cache
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _kept_rows(paths: list[str], rows: int, config, tokens, is_train: bool, folder: str, **data_changes):
+    """``(rows read, rows verl's dataset keeps)`` of the first ``rows`` rows of ``paths``, built by verl's
+    ``create_rl_dataset`` with the config's ``data`` section (``data_changes`` applied)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    tables, left = [], rows
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=min(left, 1024)):
+            tables.append(pa.Table.from_batches([batch]))
+            left -= batch.num_rows
+            if left <= 0:
+                break
+        if left <= 0:
+            break
+    head = os.path.join(folder, f"head_{rows}.parquet")
+    if not os.path.exists(head):
+        pq.write_table(pa.concat_tables(tables, promote_options="default"), head)
+    data = OmegaConf.merge(config.data, {"filter_overlong_prompts_workers": 1, **data_changes})
+    with _quiet_datasets(os.path.join(folder, "cache")):
+        dataset = create_rl_dataset([head], data, tokens[0], tokens[1], is_train=is_train)
+    return min(rows, sum(t.num_rows for t in tables)), len(dataset)
+
+
+def _check_kept(config, key: str, paths: list[str], total: int, need: int, tokens, folder: str) -> None:
+    """Refuse when verl's dataset keeps fewer than ``need`` rows of ``paths``, naming the cause."""
+    is_train = key == "data.train_files"
+    rows = min(total, max(need, HEAD_ROWS))
+    while True:
+        read, kept = _kept_rows(paths, rows, config, tokens, is_train, folder)
+        if kept >= need or read >= total:
+            break
+        rows = min(total, rows * 4)
+    if kept >= need:
+        return
+    unit = f"data.train_batch_size={need}" if is_train else "the 1 row a validation pass needs"
+    length = select(config, "data.max_prompt_length")
+    _, templated = _kept_rows(paths, rows, config, tokens, is_train, folder, max_prompt_length=2**31 - 1)
+    if templated < read:
+        prompt_key = select(config, "data.prompt_key")
+        raise ValueError(
+            f"{key}={format_value(select(config, key))}: verl's dataset cannot chat-template {read - templated} of "
+            f"{read} prompts (column {prompt_key!r}, data.prompt_key; each must be a list of messages "
+            "[{'role': 'user', 'content': ...}], not a plain string) and drops them, leaving "
+            f"{kept} rows, fewer than {unit}; {_data_fix(key)}"
+        )
+    fix = next(
+        (
+            n
+            for n in (int(earlier_value("data.max_prompt_length") or 0), 1024, 2048, 4096, 8192)
+            if n > length and _kept_rows(paths, rows, config, tokens, is_train, folder, max_prompt_length=n)[1] >= need
+        ),
+        None,
+    )
+    raise ValueError(
+        f"data.max_prompt_length={length}: {read - kept} of {read} prompts of {key} are longer (verl's dataset drops "
+        f"them), leaving {kept} rows, fewer than {unit}; "
+        + (
+            f"set {override(config, 'data.max_prompt_length', fix)}"
+            if fix
+            else f"use shorter prompts; {_data_fix(key)}"
+        )
+    )
+
+
+def _check_data_sets(config) -> None:
+    """Each data set as verl's dataset will read it: files it can read, the prompt and reward columns, and at least
+    a batch (training) or a row (validation) left after its filters."""
+    prompt_key = select(config, "data.prompt_key")
+    prompt_key = prompt_key if isinstance(prompt_key, str) else "prompt"
+    batch = _int_or_none(select(config, "data.train_batch_size"))
+    tokens = MISSING
+    for key, need in (("data.train_files", batch if batch and batch >= 1 else 1), ("data.val_files", 1)):
+        value = select(config, key)
+        paths = [p for p in _paths(value) if isinstance(p, str)]
+        if value is MISSING or (key == "data.val_files" and value is None):
+            continue
+        if not paths:
+            raise ValueError(f"{key}={format_value(value)}: names no data file; {_data_fix(key)}")
+        if not all(_is_local(p) for p in paths) or any(os.path.abspath(p) in expected_files() for p in paths):
+            continue  # remote files (verl's copy_to_local), or files the launch script writes before a real run
+        for path in paths:
+            problem = _parquet_schema_problem(path, prompt_key)
+            if problem and prompt_key != "prompt" and _parquet_schema_problem(path, "prompt") is None:
+                raise ValueError(
+                    f"data.prompt_key={prompt_key}: {problem}; set {override(config, 'data.prompt_key', 'prompt')}"
+                )
+            if problem:
+                raise ValueError(f"{key}={format_value(value)}: {problem}; {_data_fix(key)}")
+        if not all(p.endswith(".parquet") for p in paths):
+            continue
+        total = _parquet_rows(paths)
+        if total == 0:
+            raise ValueError(f"{key}={format_value(value)}: the file(s) hold no rows; {_data_fix(key)}")
+        if select(config, "data.filter_overlong_prompts") is False or select(config, "data.custom_cls.path"):
+            continue  # nothing filtered, or a dataset class of the user's
+        if tokens is MISSING:
+            tokens = _tokenizer(config)
+        if tokens is None or total is None:
+            continue
+        with tempfile.TemporaryDirectory(prefix="capo-verl-data-check-") as folder:
+            _check_kept(config, key, paths, total, need, tokens, folder)
 
 
 def _divisor_at_most(n: int, limit: int) -> int:
@@ -766,6 +961,7 @@ def check_run_config(config) -> None:
             raise ValueError(problem)
         _check_model_path(config)
         _check_data_files(config)
+        _check_data_sets(config)
         _check_training_set(config)
     problem = batch_problem(config)
     if problem:
