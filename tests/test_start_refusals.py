@@ -452,3 +452,69 @@ def test_the_grpo_twin_refuses_plus_adv_estimator_in_its_real_dry_run(script_dry
         "algorithm.adv_estimator; set ~adv_estimator algorithm.adv_estimator=capo"
     ], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+# --- fixes that were wrong, or missing ------------------------------------------------------------------------------
+def test_a_refused_ref_high_suggests_the_committed_threshold_not_ref_low(main_job):
+    """SmolLM2's config has ref_low 3.97; the fix for ref_high=nan was 3.97 (no window). Now the committed 6.43."""
+    message = refusal(main_job, "algorithm.capo.ref_high=nan")
+    assert fixes(message) == ["algorithm.capo.ref_high=6.43"], message
+    check(main_job, "algorithm.capo.ref_high=nan", *fixes(message))
+
+
+def test_a_mini_batch_larger_than_the_batch_gets_one_consistent_set(main_job):
+    """train_batch_size=3 with ppo_mini_batch_size=8 took three rounds of pasted fixes and ended in verl's error
+    without one; now one message sets the mini-batch and every micro-batch size it moves."""
+    overrides = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    message = refusal(main_job, *overrides)
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8: larger than data.train_batch_size=3 (verl refuses"
+    ), message
+    found = fixes(message)
+    assert found[0] == "actor_rollout_ref.actor.ppo_mini_batch_size=3" and len(found) > 1, message
+    cfg = check(main_job, *overrides, *found)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
+
+
+@pytest.mark.parametrize(
+    "override_, start, fix",
+    [
+        ("data.train_batch_size=0", "data.train_batch_size=0: must be an integer >= 1 ", "data.train_batch_size=4"),
+        (
+            "actor_rollout_ref.rollout.temperature=-1",
+            "actor_rollout_ref.rollout.temperature=-1: must be a finite number > 0 (the rollout samples at it;",
+            "actor_rollout_ref.rollout.temperature=1.0",
+        ),
+    ],
+)
+def test_values_that_ended_in_a_verl_assert_get_a_fix(main_job, override_, start, fix):
+    message = refusal(main_job, override_)
+    assert message.startswith(start) and fixes(message) == [fix], message
+    check(main_job, override_, fix)
+
+
+@pytest.mark.parametrize(
+    "overrides, fix",
+    [
+        (["algorithm.capo.use_mask=maybe"], "algorithm.capo.use_mask=true"),
+        (["algorithm.capo.normalize=Group"], "algorithm.capo.normalize=group"),
+        (["trainer.total_training_steps=1e3", "trainer.total_epochs=500"], "trainer.total_training_steps=1000"),
+        (
+            ["algorithm.adv_estimator=cde", "+algorithm.cde.w_zero_after_step=-1"],
+            "algorithm.cde.w_zero_after_step=null",
+        ),
+    ],
+)
+def test_keys_refused_without_a_fix_now_name_one(main_job, overrides, fix):
+    message = refusal(main_job, *overrides)
+    assert fixes(message)[0] == fix, message
+    check(main_job, *overrides, fix)
+
+
+def test_an_unknown_capo_key_names_the_key_meant(main_job):
+    message = refusal(main_job, "+algorithm.capo.taus=0.5")
+    assert message.endswith("; did you mean algorithm.capo.tau? set ~algorithm.capo.taus algorithm.capo.tau=0.5"), (
+        message
+    )
+    cfg = check(main_job, "+algorithm.capo.taus=0.5", "~algorithm.capo.taus", "algorithm.capo.tau=0.5")
+    assert cfg.algorithm.capo.tau == 0.5

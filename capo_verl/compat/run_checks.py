@@ -158,10 +158,16 @@ def _int_or_none(value) -> int | None:
 def _check_steps(config) -> None:
     steps = select(config, "trainer.total_training_steps")
     if steps is not MISSING and steps is not None and (_int_or_none(steps) is None or steps < 1):
+        whole = isinstance(steps, float) and math.isfinite(steps) and steps >= 1 and steps == int(steps)
         raise ValueError(
             f"trainer.total_training_steps={format_value(steps)}: must be an integer >= 1, or null for "
-            f"trainer.total_epochs epochs (with {format_value(steps)} verl would load the model, validate and train "
-            f"nothing); set e.g. {override(config, 'trainer.total_training_steps', 1)}"
+            f"trainer.total_epochs epochs ("
+            + (
+                "a float such as 1e3 is not an integer to verl"
+                if whole
+                else f"with {format_value(steps)} verl would load the model, validate and train nothing"
+            )
+            + f"); set e.g. {override(config, 'trainer.total_training_steps', int(steps) if whole else 1)}"
         )
     epochs = select(config, "trainer.total_epochs")
     if epochs is not MISSING and (_int_or_none(epochs) is None or epochs < 1):
@@ -499,6 +505,12 @@ def batch_problem(config, n: int | None = None, use_reference_policy: bool | Non
     """Why the batch sizes of ``config`` (with ``actor_rollout_ref.rollout.n`` replaced by ``n``, if given) do not
     split into verl's micro-batches (module docstring), as one message with the fix; None when they do, or when
     dynamic batch sizes or a strategy other than FSDP make the rule not apply."""
+    issue = _batch_issue(config, n, use_reference_policy)
+    return None if issue is None else issue[0]
+
+
+def _batch_issue(config, n: int | None, use_reference_policy: bool | None):
+    """:func:`batch_problem`'s message with its fix as ``(message, key, value)``, or None."""
     actor = "actor_rollout_ref.actor"
     if select(config, f"{actor}.use_dynamic_bsz") is not False:
         return None
@@ -541,7 +553,9 @@ def batch_problem(config, n: int | None = None, use_reference_policy: bool | Non
         return (
             f"{actor}.ppo_mini_batch_size={values['mini']}: with actor_rollout_ref.rollout.n={n} an update takes "
             f"{update} responses, which do not split over the {dp} data-parallel trainer rank(s); set "
-            f"{override(config, f'{actor}.ppo_mini_batch_size', mini_fix)}"
+            f"{override(config, f'{actor}.ppo_mini_batch_size', mini_fix)}",
+            f"{actor}.ppo_mini_batch_size",
+            mini_fix,
         )
     update_from = f"{actor}.ppo_mini_batch_size={values['mini']} x actor_rollout_ref.rollout.n={n} / {dp}"
     micro.append((f"{actor}.ppo_micro_batch_size_per_gpu", update // dp, "update", update_from))
@@ -554,7 +568,9 @@ def batch_problem(config, n: int | None = None, use_reference_policy: bool | Non
                 f"{key}={value}: each data-parallel trainer rank gets {size} responses per {what} ({source} ranks), "
                 "which must split into whole micro-batches of this size, else verl stops after the first rollout "
                 f"(data size must be divisible by ... micro_batch_size_per_gpu); set "
-                f"{override(config, key, _divisor_at_most(size, value))}"
+                f"{override(config, key, _divisor_at_most(size, value))}",
+                key,
+                _divisor_at_most(size, value),
             )
     return None
 
@@ -876,6 +892,53 @@ def _check_model_path(config) -> None:
     )
 
 
+def consistent_batch_sizes(config, **values) -> list[str]:
+    """Overrides that set ``values`` (``{dotted key: value}``) and then every micro-batch size :func:`batch_problem`
+    would refuse next: one set to paste at once, not one refusal per round. The config is not changed."""
+    from omegaconf import OmegaConf
+
+    trial = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    pasted = dict(values)
+    for key, value in values.items():
+        OmegaConf.update(trial, key, value, force_add=True)
+    for _ in range(8):
+        issue = _batch_issue(trial, None, _needs_reference(config))
+        if issue is None:
+            break
+        _, key, value = issue
+        pasted[key] = value
+        OmegaConf.update(trial, key, value, force_add=True)
+    return [override(config, key, value) for key, value in pasted.items()]
+
+
+def _check_batch_sizes(config) -> None:
+    train_key, mini_key = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
+    mini = _int_or_none(select(config, mini_key))
+    _require_int(config, train_key, 1, "prompts per step", mini if mini and mini >= 1 else 1)
+    train = _int_or_none(select(config, train_key))
+    if train is None or mini is None or mini <= train or select(config, "actor_rollout_ref.actor.use_dynamic_bsz"):
+        return
+    fix = consistent_batch_sizes(config, **{mini_key: _divisor_at_most(train, mini)})
+    raise ValueError(
+        f"{mini_key}={mini}: larger than {train_key}={train} (verl refuses an update larger than the step); set "
+        + " ".join(fix)
+    )
+
+
+def _check_temperatures(config) -> None:
+    key = "actor_rollout_ref.rollout.temperature"
+    value = select(config, key)
+    if value is MISSING:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        example = _example(key, lambda v: math.isfinite(v) and v > 0, 1.0)
+        raise ValueError(
+            f"{key}={format_value(value)}: must be a finite number > 0 (the rollout samples at it; verl's own check "
+            "of this key fails with an assert that speaks of the validation temperature); set "
+            f"{override(config, key, example)}"
+        )
+
+
 def _check_values(config) -> None:
     """Values verl takes at start and fails on (a traceback, or after the model loaded), or runs for nothing with."""
     _require_int(config, "trainer.nnodes", 1, "the nodes of the run", 1)
@@ -888,6 +951,8 @@ def _check_values(config) -> None:
         "prompts per actor update; verl divides by it",
         train if train and train >= 1 else 1,
     )
+    _check_batch_sizes(config)
+    _check_temperatures(config)
     _require_int(config, "data.max_prompt_length", 1, "tokens of a prompt; longer prompts are dropped", 512)
     _require_int(config, "data.max_response_length", 1, "tokens generated per response", 512)
     key = "actor_rollout_ref.actor.optim.lr"

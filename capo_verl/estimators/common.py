@@ -517,10 +517,19 @@ def read_config_section(cls, config, section_name: str, unknown_hint: Mapping[st
         if unknown_hint and key in unknown_hint:
             raise ValueError(f"algorithm.{section_name}.{key}: {unknown_hint[key]}")
     if unknown:
-        raise ValueError(
-            f"unknown key(s) algorithm.{section_name}.{f', algorithm.{section_name}.'.join(unknown)}; "
-            f"valid keys: {sorted(known)}"
-        )
+        import difflib
+
+        prefix = f"algorithm.{section_name}."
+        key = unknown[0]
+        meant = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        value = section[key]
+        if meant and not isinstance(value, Mapping):
+            plus = "" if meant[0] in section else "+"
+            text = str(value).lower() if isinstance(value, bool) else value
+            fix = f"did you mean {prefix}{meant[0]}? set ~{prefix}{key} {plus}{prefix}{meant[0]}={text}"
+        else:
+            fix = f"remove it: set ~{prefix}{key}"
+        raise ValueError(f"unknown key(s) {prefix}{f', {prefix}'.join(unknown)}; valid keys: {sorted(known)}; {fix}")
     return cls(**{k: section[k] for k in section})
 
 
