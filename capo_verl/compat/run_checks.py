@@ -33,6 +33,18 @@ What is checked, and where verl 0.9.1 would otherwise fail (``verl/trainer/ppo/v
   ``actor.ppo_micro_batch_size_per_gpu``; otherwise ``AssertionError: data size must be divisible by
   force_group_size * micro_batch_size_per_gpu`` after the first rollout. ``dp`` is the number of trainer ranks
   (``trainer.nnodes * trainer.n_gpus_per_node``) over ``actor.ulysses_sequence_parallel_size``.
+- new top-level keys that verl's config lacks and nothing reads (``+adv_estimator=capo``, Hydra's own hint), naming
+  the key meant (:func:`verl_top_level_keys`); integers >= 1 where verl divides or generates by them (nodes, ranks,
+  batch and mini-batch, prompt and response lengths), a mini-batch larger than the batch (with one consistent set of
+  batch sizes as the fix, :func:`consistent_batch_sizes`), a positive finite learning rate and rollout temperature,
+  a boolean ``trainer.val_before_train``, ``trainer.device`` and ``actor_rollout_ref.rollout.name`` this machine can
+  run, and the rollout's log-probs and >= 2 validation samples when the ``val-calib/*`` metrics are required.
+- in the trainer's process and a ``--dry-run`` only (:func:`data_files_checked`), the file system: every folder the
+  run writes (checkpoints, validation and rollout dumps; :func:`folder_problem` makes, writes in and removes each)
+  and Ray's session folder (:func:`ray_folder_problem`); a local ``actor_rollout_ref.model.path``; and the data as
+  verl's ``RLHFDataset`` will read it: readable files, the prompt and reward columns, and at least a batch of
+  training rows (a validation row) left after verl's own filters, built with verl's ``create_rl_dataset`` over the
+  head of each set with the model's tokenizer (:func:`_check_data_sets`).
 """
 
 from __future__ import annotations
@@ -53,11 +65,15 @@ __all__ = [
     "MISSING",
     "batch_problem",
     "check_run_config",
+    "consistent_batch_sizes",
     "data_files_checked",
     "earlier_value",
     "expected_files",
+    "folder_problem",
     "launch_script_files",
     "override",
+    "ray_folder_problem",
+    "verl_top_level_keys",
 ]
 
 
@@ -83,7 +99,8 @@ TRAINER_MODULES = ("verl.trainer.main_ppo", "verl.trainer.main_ppo_v0")
 def data_files_checked() -> bool:
     """True in the process of a training run, ``python -m verl.trainer.main_ppo`` (or ``main_ppo_v0``), which reads
     the data files next, and within :func:`launch_script_files` (a launch script's ``--dry-run``); False where a
-    config is only composed and validated (the tests, ``capo-verl compare``'s checks before it writes its data)."""
+    config is only composed and validated (the tests, ``capo-verl compare``'s checks before it writes its data).
+    Where it is True the file system is checked too: the data, the model folder and the folders the run writes."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     return _EXPECTED["active"] or getattr(spec, "name", None) in TRAINER_MODULES
