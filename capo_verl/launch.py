@@ -216,7 +216,14 @@ class Run:
         rc, session = 1, -1
         previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
         try:
-            self.ray_tmpdir = own_ray_tmpdir()
+            try:
+                self.ray_tmpdir = own_ray_tmpdir()
+            except OSError as exc:  # /tmp itself cannot take it (TMPDIR's failure falls back to /tmp)
+                self._say(
+                    f"error: cannot create the run's Ray folder in /tmp ({exc.strerror or exc}); export "
+                    "TMPDIR=<a folder you can write> (e.g. export TMPDIR=$HOME/tmp after mkdir -p $HOME/tmp)"
+                )
+                return 2
             env = None if self.ray_tmpdir is None else {**os.environ, "RAY_TMPDIR": self.ray_tmpdir}
             self.proc = subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=_set_parent_death_signal, env=env)
             session = self.proc.pid
@@ -340,7 +347,8 @@ def checked_config(cmd: list[str], script_files: Iterable[str] = ()):
 
     Args:
         cmd: a ``python -m verl.trainer.main_ppo ...`` command line.
-        script_files: data files the launch script writes (or says it lacks) before a real run: not refused.
+        script_files: data files and the model folder the launch script writes (or says it lacks) before a real
+            run: not refused.
 
     Returns:
         The OmegaConf ``DictConfig``.
@@ -404,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="PATH",
-        help="with --dry-run: a data file the launch script writes before a real run (not refused as missing)",
+        help="with --dry-run: a data file or model folder the launch script writes before a real run (not refused "
+        "as missing)",
     )
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     args = parser.parse_args(argv)

@@ -165,6 +165,14 @@ capo_launch() {
         done
         local -a known=()
         for name in "${missing[@]}"; do known+=(--script-file "$name"); done
+        case "$model_path" in
+            /* | ./* | ../* | "~"*)  # a local model folder named by CAPO_MODEL_*: warned about here, refused by a run
+                if ! [ -f "${model_path}/config.json" ]; then
+                    echo "# warning: model folder ${model_path} has no config.json (yet): a real run stops at its start"
+                    known+=(--script-file "$model_path")
+                fi
+                ;;
+        esac
         _capo_dry_run "$python" ${known[@]+"${known[@]}"} -- "${cmd[@]}"
         return $?
     fi

@@ -111,8 +111,8 @@ if [ "$DRY_RUN" -eq 1 ]; then
   printf '%q ' "${CMD[@]}"
   echo
   echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): $PY -m capo_verl.launch -- <command>"
-  # the data files are written by a real run, before it starts: not refused as missing here
-  "$PY" -m capo_verl.launch --dry-run --script-file "$DATA_DIR/gsm8k_calc_train.parquet" \
+  # the model and the data files are written by a real run, before it starts: not refused as missing here
+  "$PY" -m capo_verl.launch --dry-run --script-file "$MODEL" --script-file "$DATA_DIR/gsm8k_calc_train.parquet" \
     --script-file "$DATA_DIR/gsm8k_calc_val.parquet" -- "${CMD[@]}"
   exit $?
 fi

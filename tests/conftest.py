@@ -638,3 +638,46 @@ def transfer_queue():
     yield tq
     tq.close()
     ray.shutdown()
+
+
+# --- launch scripts' --dry-run (tests/test_start_refusals.py, tests/test_checks_at_start.py) ---------------------
+#: variables of the caller's environment a launch script reads, dropped so that a dry run sees only the test's
+SCRIPT_ENV_VARS = (
+    "RAY_ADDRESS",
+    "RAY_TMPDIR",
+    "CONFIG_NAME",
+    "CAPO_VAL_SETS",
+    "CAPO_REWARD_PROCS",
+    "CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S",
+)
+
+
+def _script_dry_run(
+    script: str, home: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``bash scripts/<script> --dry-run ARGS`` (a new process that imports verl: ~20 s) with this interpreter as
+    ``PYTHON``, ``home`` as ``HOME`` and the data folders of the scripts under it (``CAPO_DATA_DIR``: ``home``;
+    ``CAPO_CPU_DATA_DIR``: ``home/data``), plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV_VARS}
+    clean.update(PYTHON=sys.executable, HOME=str(home), CAPO_DATA_DIR=str(home), CAPO_CPU_DATA_DIR=str(home / "data"))
+    clean.update(env or {})
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / script), "--dry-run", *args],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="session")
+def script_dry_run():
+    """``script_dry_run(script, home, *args, env=None)``: a launch script's real ``--dry-run``
+    (:func:`_script_dry_run`); the result's ``error: ...`` lines are in ``.errors``."""
+
+    def run(script: str, home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        proc = _script_dry_run(script, home, *args, env=env)
+        proc.errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        return proc
+
+    return run

@@ -70,26 +70,38 @@ def test_validate_config_refuses_each_value_in_one_line(monkeypatch, overrides, 
 
 
 @pytest.mark.parametrize(
-    "overrides, env",
+    "overrides, env, val_calib, procs",
     [
-        (["trainer.val_calib=auto", f"+{TIMEOUT_KEY}=2.5"], {"CAPO_REWARD_PROCS": "2"}),
-        (["trainer.val_calib=false"], {"CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S": "60"}),
-        (["trainer.val_calib=null"], {"CAPO_REWARD_PROCS": ""}),  # empty = unset: min(4, cpu_count)
+        (["trainer.val_calib=auto", f"+{TIMEOUT_KEY}=2.5"], {"CAPO_REWARD_PROCS": "2"}, None, 2),
+        (["trainer.val_calib=false"], {"CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S": "60"}, False, None),
+        (["trainer.val_calib=null"], {"CAPO_REWARD_PROCS": ""}, None, None),  # empty = unset: min(4, cpu_count)
     ],
 )
-def test_valid_values_pass(monkeypatch, overrides, env):
+def test_valid_values_pass_and_reach_the_run_as_given(monkeypatch, overrides, env, val_calib, procs):
+    """The values pass the check, and the run reads them as the user meant (auto is None, an empty variable is
+    unset)."""
+    from capo_verl.compat.validation import parse_val_calib
+    from capo_verl.reward import reward_procs
+
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    validate(*overrides)
+    cfg = validate(*overrides)
+    assert parse_val_calib(cfg.trainer.val_calib) is val_calib
+    assert reward_procs() == (procs or min(4, os.cpu_count() or 1))
+    if f"+{TIMEOUT_KEY}=2.5" in overrides:
+        assert cfg.reward.custom_reward_function.reward_kwargs.timeout_s == 2.5
 
 
 def test_timeout_of_another_reward_function_is_not_ours_to_check():
-    """reward_kwargs belong to the configured reward function: only capo-verl's own timeout_s is checked."""
-    validate(
+    """reward_kwargs belong to the configured reward function: only capo-verl's own timeout_s is checked; another
+    function gets its value unchanged."""
+    cfg = validate(
         "reward.custom_reward_function.path=/somewhere/my_reward.py",
         "reward.custom_reward_function.name=my_score",
         f"+{TIMEOUT_KEY}=-1",
     )
+    assert cfg.reward.custom_reward_function.reward_kwargs.timeout_s == -1
+    assert not is_capo_reward(cfg.reward.custom_reward_function)
 
 
 def test_is_capo_reward():
@@ -111,18 +123,6 @@ def test_check_start_values_alone_reads_the_environment(monkeypatch):
         check_start_values(OmegaConf.create({}))
 
 
-def _dry_run(tmp_path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CAPO_VAL_SETS", *ENV_VARS)}
-    clean.update(PYTHON=sys.executable, CAPO_DATA_DIR=str(tmp_path), HOME=str(tmp_path), **(env or {}))
-    return subprocess.run(
-        ["bash", str(REPO / "scripts" / "run_capo_qwen2.5_math_1.5b.sh"), "--dry-run", *overrides],
-        env=clean,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.mark.parametrize(
     "overrides, env, line",
     [
@@ -130,12 +130,12 @@ def _dry_run(tmp_path, *overrides: str, env: dict[str, str] | None = None) -> su
         ([], {"CAPO_REWARD_PROCS": "0"}, "ValueError: CAPO_REWARD_PROCS='0': must be an integer >= 1"),
     ],
 )
-def test_launch_script_dry_run_stops_with_one_line(tmp_path, overrides, env, line):
+def test_launch_script_dry_run_stops_with_one_line(script_dry_run, tmp_path, overrides, env, line):
     """The real ``--dry-run`` (``import verl`` in a new process, ~20 s): status 2, and one line, no traceback, names
     the key or variable, the value and the range."""
-    proc = _dry_run(tmp_path, *overrides, env=env)
+    proc = script_dry_run("run_capo_qwen2.5_math_1.5b.sh", tmp_path, *overrides, env=env)
     assert proc.returncode == 2, proc.stdout[-2000:]
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    errors = proc.errors
     assert len(errors) == 1 and errors[0].startswith(f"error: {line}"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "All configuration checks passed" not in proc.stdout

@@ -41,21 +41,14 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(SCRIPT), "--dry-run", *args], env=_env(tmp), capture_output=True, text=True, timeout=600
-    )
-
-
 @pytest.fixture(scope="module")
-def main_job(tmp_path_factory):
+def main_job(script_dry_run, tmp_path_factory):
     """The main job's real ``--dry-run`` with the first row of the issue: refused in one line, no traceback, and
     the exact command it would run; ``(command, files the script writes before a real run)``."""
     tmp = tmp_path_factory.mktemp("main_job")
-    proc = _dry_run(tmp, "algorithm.adv_estimator=capoo")
+    proc = script_dry_run(SCRIPT.name, tmp, "algorithm.adv_estimator=capoo")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-    assert errors == [
+    assert proc.errors == [
         "error: ValueError: algorithm.adv_estimator=capoo: not a registered advantage estimator; capo-verl's: capo, "
         "cde, codapo, grpo_mask; verl's: gae, gdpo, gpg, grpo, grpo_passk, grpo_vectorized, opo, "
         "optimal_token_baseline, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, rloo_vectorized, "
@@ -66,7 +59,8 @@ def main_job(tmp_path_factory):
     [cmd] = [shlex.split(lines[i + 1]) for i, ln in enumerate(lines) if ln.startswith("# command (dry run")]
     assert cmd[-1] == "algorithm.adv_estimator=capoo"
     data = tmp / "data"
-    return cmd[:-1], [str(data / "gsm8k_calc_train.parquet"), str(data / "gsm8k_calc_val.parquet")]
+    model = next(a.partition("=")[2] for a in cmd if a.startswith("actor_rollout_ref.model.path="))
+    return cmd[:-1], [str(data / "gsm8k_calc_train.parquet"), str(data / "gsm8k_calc_val.parquet"), model]
 
 
 def check(main_job, *overrides: str):
@@ -131,13 +125,13 @@ def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_
         check(main_job, *overrides, fix)
 
 
-def test_the_tau_fix_pasted_into_the_real_dry_run_passes(tmp_path):
+def test_the_tau_fix_pasted_into_the_real_dry_run_passes(script_dry_run, tmp_path):
     """The fix the issue found wrong (``+algorithm.capo.tau=0.6``), now without ``+``, in the script's own
     ``--dry-run``: the config is printed, status 0."""
     message = "algorithm.capo.tau must be a positive number, got 0; set e.g. algorithm.capo.tau=0.6"
-    refused = _dry_run(tmp_path, "algorithm.capo.tau=0")
-    assert refused.returncode == 2 and f"error: ValueError: {message}" in refused.stderr.splitlines()
-    proc = _dry_run(tmp_path, "algorithm.capo.tau=0", *fixes(message))
+    refused = script_dry_run(SCRIPT.name, tmp_path, "algorithm.capo.tau=0")
+    assert refused.returncode == 2 and refused.errors == [f"error: ValueError: {message}"]
+    proc = script_dry_run(SCRIPT.name, tmp_path, "algorithm.capo.tau=0", *fixes(message))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "    tau: 0.6\n" in proc.stdout
 
@@ -217,7 +211,12 @@ def test_a_fix_for_batch_sizes_keeps_them_dividing(main_job):
 
 def test_the_training_set_must_hold_the_batch_and_the_steps(main_job, tmp_path):
     train = tmp_path / "train.parquet"
-    pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]] * 10}).to_parquet(train)
+    rows = {
+        "data_source": ["sums"] * 10,
+        "prompt": [[{"role": "user", "content": "1+1?"}]] * 10,
+        "reward_model": [{"style": "rule", "ground_truth": "2"}] * 10,
+    }
+    pd.DataFrame(rows).to_parquet(train)
     data = f"data.train_files={train}"
     message = refusal(main_job, data, "data.train_batch_size=16")
     assert message.startswith("data.train_batch_size=16: larger than the 10 rows of data.train_files"), message
@@ -318,3 +317,209 @@ def test_resume_path_must_name_an_existing_checkpoint_folder(main_job, tmp_path)
     message = refusal(main_job, mode, f"trainer.resume_from_path={step}/actor")
     assert "): must be the path of a checkpoint folder named global_step_<N>;" in message
     assert fixes(message) == ["trainer.resume_mode=auto"]
+
+
+# --- values that passed --dry-run and failed, or did nothing, later ------------------------------------------------
+LATE = [
+    (["actor_rollout_ref.model.path=/nonexistent/model"], r"^actor_rollout_ref\.model\.path=/nonexistent/model: does "),
+    (
+        ["actor_rollout_ref.rollout.calculate_log_probs=false"],
+        r"^actor_rollout_ref\.rollout\.calculate_log_probs=false: the val-calib/\* metrics are required",
+    ),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], r"^actor_rollout_ref\.actor\.ppo_mini_batch_size=0: must be "),
+    (["data.max_response_length=0"], r"^data\.max_response_length=0: must be an integer >= 1 "),
+    (["actor_rollout_ref.rollout.name=sglang"], r"^actor_rollout_ref\.rollout\.name=sglang: with trainer\.device=cpu"),
+    (["actor_rollout_ref.rollout.name=hf"], r"^actor_rollout_ref\.rollout\.name=hf: must be one of vllm, sglang, "),
+    (["actor_rollout_ref.actor.optim.lr=-1"], r"^actor_rollout_ref\.actor\.optim\.lr=-1: must be a finite number > 0"),
+    (["actor_rollout_ref.actor.optim.lr=nan"], r"^actor_rollout_ref\.actor\.optim\.lr=nan: must be a finite number"),
+    (["actor_rollout_ref.rollout.val_kwargs.n=1"], r"^actor_rollout_ref\.rollout\.val_kwargs\.n=1: the val-calib/\*"),
+    (["trainer.val_before_train=maybe"], r"^trainer\.val_before_train=maybe: must be true or false"),
+    (["data.max_prompt_length=-1"], r"^data\.max_prompt_length=-1: must be an integer >= 1 "),
+    (["trainer.device=tpu"], r"^trainer\.device=tpu: must be one of cuda, npu, cpu "),
+    (["trainer.n_gpus_per_node=0"], r"^trainer\.n_gpus_per_node=0: must be an integer >= 1 "),
+    (["trainer.nnodes=0"], r"^trainer\.nnodes=0: must be an integer >= 1 "),
+    (["trainer.default_local_dir=/proc/capo_ckpt"], r"^trainer\.default_local_dir=/proc/capo_ckpt: cannot create or "),
+    (["trainer.default_local_dir="], r"^trainer\.default_local_dir=: must be the path of a folder; "),
+    (["+trainer.validation_data_dir=/proc/v"], r"^trainer\.validation_data_dir=/proc/v: cannot create or write in it"),
+    (["+trainer.rollout_data_dir=/proc/r"], r"^trainer\.rollout_data_dir=/proc/r: cannot create or write in it"),
+]
+
+
+@pytest.mark.parametrize("overrides, start", LATE)
+def test_values_that_failed_late_are_refused_at_start_with_a_fix_that_works(main_job, overrides, start):
+    message = refusal(main_job, *overrides)
+    assert re.match(start, message), message
+    found = fixes(message)
+    assert found, message
+    for fix in found:
+        check(main_job, *overrides, fix)
+
+
+def test_the_val_calib_inputs_are_not_needed_without_the_metrics(main_job):
+    """GRPO with trainer.val_calib=auto logs val-calib/* only when it can: no log-probs, one sample, both fine."""
+    check(
+        main_job,
+        "algorithm.adv_estimator=grpo",
+        "trainer.val_calib=auto",
+        "actor_rollout_ref.rollout.calculate_log_probs=false",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
+    )
+
+
+def test_cuda_is_refused_on_a_machine_without_it_only_for_this_machine(main_job, monkeypatch):
+    """Asked for on the command line (or in the trainer's own process), trainer.device=cuda without CUDA is refused;
+    a --dry-run of a GPU config on another machine (the config's own value) is not."""
+    from capo_verl.compat import run_checks
+
+    monkeypatch.setattr(run_checks, "_cuda_available", lambda: False)
+    message = refusal(main_job, "trainer.device=cuda")
+    assert message.startswith("trainer.device=cuda: this machine has no CUDA device"), message
+    assert fixes(message) == ["trainer.device=cpu"]
+    cmd, files = main_job
+    gpu = [a for a in cmd if not a.startswith("--config-name")] + ["--config-name=capo_qwen2.5_math_1.5b"]
+    cfg = launch.checked_config(gpu, files)
+    assert cfg.trainer.device == "cuda"
+
+
+def test_a_file_in_the_way_of_the_checkpoint_folder(main_job, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    message = refusal(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt")
+    assert message.startswith(f"trainer.default_local_dir={tmp_path}/afile/ckpt: {tmp_path}/afile is a file, not a")
+    [fix] = fixes(message)
+    check(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt", fix)
+
+
+def test_the_write_check_leaves_nothing_behind(main_job, tmp_path):
+    """A checkpoint folder that does not exist yet is made, written in and removed again, its parents too."""
+    check(main_job, f"trainer.default_local_dir={tmp_path}/a/b/c", f"+trainer.validation_data_dir={tmp_path}/v")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    check(main_job, f"trainer.default_local_dir={tmp_path}/kept")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
+
+
+def test_the_folder_check_names_the_reason():
+    from capo_verl.compat.run_checks import folder_problem
+
+    assert folder_problem("/proc/capo_x").startswith("cannot create or write in it (")
+    assert folder_problem("/dev/null/x") == "/dev/null is a file, not a folder"
+
+
+def test_rays_folder_must_be_writable(tmp_path):
+    from capo_verl.compat.run_checks import ray_folder_problem
+
+    assert ray_folder_problem({"TMPDIR": str(tmp_path)}) is None
+    message = ray_folder_problem({"RAY_TMPDIR": "/proc/ray"})
+    assert (
+        message.startswith("RAY_TMPDIR=/proc/ray: cannot create or write in it (") and "export RAY_TMPDIR=" in message
+    )
+    assert ray_folder_problem({"TMPDIR": "/proc/t"}).startswith("TMPDIR=/proc/t: cannot create")
+    assert ray_folder_problem({"RAY_TMPDIR": "/proc/ray", "RAY_ADDRESS": "auto"}) is None  # the cluster's folder
+    with launch_script_files():  # the launcher falls back to /tmp when TMPDIR cannot take its Ray folder
+        assert ray_folder_problem({"TMPDIR": "/proc/t"}) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- new top-level keys (Hydra's hint: +adv_estimator=capo) ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "override_, start, fix",
+    [
+        (
+            "+adv_estimator=grpo",
+            "adv_estimator: a new top-level key, which verl does not read",
+            ["~adv_estimator", "algorithm.adv_estimator=grpo"],
+        ),
+        ("+capo.tau=0.5", "capo: a new top-level key", ["~capo", "algorithm.capo.tau=0.5"]),
+        ("+no_such_key=1", "no_such_key: a new top-level key", ["~no_such_key"]),
+    ],
+)
+def test_a_new_top_level_key_is_refused_naming_the_key_meant(main_job, override_, start, fix):
+    message = refusal(main_job, override_)
+    assert message.startswith(start), message
+    assert message.endswith(" set " + " ".join(fix)), message
+    cfg = check(main_job, override_, *fix)
+    if "algorithm.adv_estimator=grpo" in fix:
+        assert cfg.algorithm.adv_estimator == "grpo"
+
+
+def test_a_top_level_block_read_through_interpolations_is_kept(main_job):
+    cfg = check(main_job, "+my_run.name=x", "trainer.experiment_name=run_${my_run.name}")
+    assert cfg.trainer.experiment_name == "run_x"
+
+
+def test_the_grpo_twin_refuses_plus_adv_estimator_in_its_real_dry_run(script_dry_run, tmp_path):
+    """The issue's command: the GRPO config with +adv_estimator=capo trained GRPO; now status 2 and one line."""
+    proc = script_dry_run(SCRIPT.name, tmp_path, "+adv_estimator=capo", env={"CONFIG_NAME": "grpo_smollm2_135m_cpu"})
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert proc.errors == [
+        "error: ValueError: adv_estimator: a new top-level key, which verl does not read (Hydra's hint "
+        "'+adv_estimator=...' adds a key the config lacks, and nothing reads it); the key is "
+        "algorithm.adv_estimator; set ~adv_estimator algorithm.adv_estimator=capo"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+# --- fixes that were wrong, or missing ------------------------------------------------------------------------------
+def test_a_refused_ref_high_suggests_the_committed_threshold_not_ref_low(main_job):
+    """SmolLM2's config has ref_low 3.97; the fix for ref_high=nan was 3.97 (no window). Now the committed 6.43."""
+    message = refusal(main_job, "algorithm.capo.ref_high=nan")
+    assert fixes(message) == ["algorithm.capo.ref_high=6.43"], message
+    check(main_job, "algorithm.capo.ref_high=nan", *fixes(message))
+
+
+def test_a_mini_batch_larger_than_the_batch_gets_one_consistent_set(main_job):
+    """train_batch_size=3 with ppo_mini_batch_size=8 took three rounds of pasted fixes and ended in verl's error
+    without one; now one message sets the mini-batch and every micro-batch size it moves."""
+    overrides = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    message = refusal(main_job, *overrides)
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8: larger than data.train_batch_size=3 (verl refuses"
+    ), message
+    found = fixes(message)
+    assert found[0] == "actor_rollout_ref.actor.ppo_mini_batch_size=3" and len(found) > 1, message
+    cfg = check(main_job, *overrides, *found)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 3
+
+
+@pytest.mark.parametrize(
+    "override_, start, fix",
+    [
+        ("data.train_batch_size=0", "data.train_batch_size=0: must be an integer >= 1 ", "data.train_batch_size=4"),
+        (
+            "actor_rollout_ref.rollout.temperature=-1",
+            "actor_rollout_ref.rollout.temperature=-1: must be a finite number > 0 (the rollout samples at it;",
+            "actor_rollout_ref.rollout.temperature=1.0",
+        ),
+    ],
+)
+def test_values_that_ended_in_a_verl_assert_get_a_fix(main_job, override_, start, fix):
+    message = refusal(main_job, override_)
+    assert message.startswith(start) and fixes(message) == [fix], message
+    check(main_job, override_, fix)
+
+
+@pytest.mark.parametrize(
+    "overrides, fix",
+    [
+        (["algorithm.capo.use_mask=maybe"], "algorithm.capo.use_mask=true"),
+        (["algorithm.capo.normalize=Group"], "algorithm.capo.normalize=group"),
+        (["trainer.total_training_steps=1e3", "trainer.total_epochs=500"], "trainer.total_training_steps=1000"),
+        (
+            ["algorithm.adv_estimator=cde", "+algorithm.cde.w_zero_after_step=-1"],
+            "algorithm.cde.w_zero_after_step=null",
+        ),
+    ],
+)
+def test_keys_refused_without_a_fix_now_name_one(main_job, overrides, fix):
+    message = refusal(main_job, *overrides)
+    assert fixes(message)[0] == fix, message
+    check(main_job, *overrides, fix)
+
+
+def test_an_unknown_capo_key_names_the_key_meant(main_job):
+    message = refusal(main_job, "+algorithm.capo.taus=0.5")
+    assert message.endswith("; did you mean algorithm.capo.tau? set ~algorithm.capo.taus algorithm.capo.tau=0.5"), (
+        message
+    )
+    cfg = check(main_job, "+algorithm.capo.taus=0.5", "~algorithm.capo.taus", "algorithm.capo.tau=0.5")
+    assert cfg.algorithm.capo.tau == 0.5

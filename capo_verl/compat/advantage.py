@@ -95,12 +95,20 @@ def register_batch_aware_adv_est(
             if extras is None:
                 from .patching import INSTALL_ERROR as error
 
-                reason = f" (capo_verl.compat failed to install: {error})" if error else ""
+                if error is not None:
+                    raise RuntimeError(
+                        f"advantage estimator '{name}' needs {list(batch_keys)} from the batch, which verl 0.9.1 "
+                        "passes only through capo-verl's compute_advantage patch, and capo-verl failed to install "
+                        f"into verl in this process: {error}"
+                    )
                 raise RuntimeError(
-                    f"advantage estimator '{name}' needs {list(batch_keys)} from the batch, which verl "
-                    f"0.9.1 passes only through capo_verl.compat's compute_advantage patch, and that patch "
-                    f"did not run{reason}. Install capo-verl in the environment of every Ray process and "
-                    "keep VERL_USE_EXTERNAL_PLUGINS unset (or include 'capo' in it)."
+                    f"advantage estimator '{name}' was called outside verl's compute_advantage: the function "
+                    f"registered with verl receives {list(batch_keys)} from data.batch only inside "
+                    "verl.trainer.ppo.ray_trainer.compute_advantage(data, adv_estimator=...), which capo-verl "
+                    f"wraps; call that with a DataProto, or call {fn.__module__}.{fn.__name__}(token_level_rewards="
+                    f"..., response_mask=..., index=..., config=..., "
+                    + ", ".join(f"{k}=..." for k in batch_keys)
+                    + ") with the tensors yourself"
                 )
             return fn(**verl_kwargs, **extras)
 

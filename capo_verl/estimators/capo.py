@@ -94,6 +94,11 @@ def check_tau(tau) -> float:
     return value
 
 
+#: ``(ref_low, ref_high)`` committed in ``configs/``: the paper's (Qwen2.5-Math) and SmolLM2-135M-Instruct's, from
+#: ``capo-verl mask-thresholds`` (``configs/capo_smollm2_135m_cpu.yaml``); the fixes of a refused threshold use them.
+COMMITTED_THRESHOLDS = {"qwen2.5-math": (1.05, 2.5), "smollm2-135m-instruct": (3.97, 6.43)}
+
+
 @dataclass(frozen=True)
 class CapoConfig:
     """``algorithm.capo`` of a verl config. Defaults are the paper's Qwen2.5-Math-1.5B settings.
@@ -130,21 +135,39 @@ class CapoConfig:
             )
         check_number("capo", "reward_threshold", self.reward_threshold, CapoConfig.reward_threshold)
         if self.normalize not in NORMALIZE_MODES:
+            lower = str(self.normalize).lower()
+            example = lower if lower in NORMALIZE_MODES else "none"
             raise ValueError(
-                f"algorithm.capo.normalize must be one of {NORMALIZE_MODES}, got {self.normalize!r}; "
-                "use 'none' (Eq. 14 as written) or 'group' (divide by group size)"
+                f"algorithm.capo.normalize must be one of {NORMALIZE_MODES}, got {self.normalize!r}: 'none' (Eq. 14 "
+                f"as written) or 'group' (divide by group size); set algorithm.capo.normalize={example}"
             )
         if not isinstance(self.use_mask, bool):
-            raise ValueError(f"algorithm.capo.use_mask must be true or false, got {self.use_mask!r}")
+            raise ValueError(
+                f"algorithm.capo.use_mask must be true or false, got {self.use_mask!r} (true: the reference-PPL "
+                "noise mask of Eqs. 16-18); set algorithm.capo.use_mask=true or algorithm.capo.use_mask=false"
+            )
 
     def _threshold_fix(self, key: str) -> float:
-        """The value a refusal of ``ref_high`` / ``ref_low`` suggests: the paper's, moved to the other threshold where
-        the paper's would put ``ref_low`` above ``ref_high`` (e.g. SmolLM2's ``ref_low`` 3.97 with ``ref_high`` 2.5)."""
+        """The value a refusal of ``ref_high`` / ``ref_low`` suggests: the paper's, unless the other threshold leaves
+        it no window; then the committed pair (:data:`COMMITTED_THRESHOLDS`) whose other threshold is this one's, or
+        the nearest that keeps ``ref_low`` < ``ref_high`` (e.g. SmolLM2's ``ref_high`` 6.43 for its ``ref_low``
+        3.97), else the other threshold scaled by the paper's ratio ref_high / ref_low."""
         other = self.ref_low if key == "ref_high" else self.ref_high
         default = getattr(CapoConfig, key)
-        if isinstance(other, bool) or not isinstance(other, (int, float)) or not 1 <= other < math.inf:
+        if isinstance(other, bool) or not isinstance(other, (int, float)) or not 0 < other < math.inf:
             return default
-        return max(default, other) if key == "ref_high" else min(default, other)
+        high = key == "ref_high"
+        if (default > other) if high else (default < other):
+            return default
+        pairs = sorted(COMMITTED_THRESHOLDS.values())
+        same = [p for p in pairs if (p[0] if high else p[1]) == other]
+        if same:
+            return same[0][1] if high else same[0][0]
+        beyond = [p[1] for p in pairs if p[1] > other] if high else [p[0] for p in pairs if p[0] < other]
+        if beyond:
+            return min(beyond) if high else max(beyond)
+        ratio = CapoConfig.ref_high / CapoConfig.ref_low
+        return round(other * ratio, 2) if high else round(other / ratio, 2)
 
     @classmethod
     def from_algorithm_config(cls, config) -> CapoConfig:

@@ -83,8 +83,8 @@ class CdeConfig:
         step = self.w_zero_after_step
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(
-                "algorithm.cde.w_zero_after_step must be a non-negative integer (a training step) or null, "
-                f"got {step!r}"
+                "algorithm.cde.w_zero_after_step must be a non-negative integer (the last training step with the "
+                f"bonus) or null (the bonus throughout), got {step!r}; set e.g. algorithm.cde.w_zero_after_step=null"
             )
         check_positive("cde", "kappa", self.kappa, CdeConfig.kappa)
         check_positive("cde", "alpha", self.alpha, CdeConfig.alpha)

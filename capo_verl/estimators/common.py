@@ -181,6 +181,62 @@ def require_ref_log_prob(ref_log_prob, estimator: str) -> None:
         )
 
 
+def check_tensors(estimator: str, **tensors) -> None:
+    """Refuse a batch input that is not a ``torch.Tensor`` (None stands for an absent key and passes).
+
+    Args:
+        estimator: the estimator's name, for the message.
+        tensors: ``{batch key: value}``; each a ``(bs, response_length)`` tensor as in verl's ``data.batch``.
+
+    Raises:
+        TypeError: naming the key, the type given and the conversion (``torch.as_tensor``).
+    """
+    for key, value in tensors.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{estimator}: {key} must be a torch.Tensor of shape (bs, response_length), as in verl's data.batch, "
+                f"got {type(value).__module__}.{type(value).__qualname__}; pass {key}=torch.as_tensor({key})"
+            )
+
+
+def check_rewards(score: torch.Tensor, index, estimator: str) -> None:
+    """Refuse NaN or inf outcomes: compared with the threshold, a NaN would count as incorrect and be pushed down.
+
+    Args:
+        score: ``(bs,)`` float32 summed ``token_level_rewards`` per response.
+        index: ``(bs,)`` group ids (verl ``uid``) of the responses, named in the message.
+        estimator: the estimator's name, for the message.
+
+    Raises:
+        ValueError: naming the rows, their uids and how many responses are affected.
+    """
+    bad = ~torch.isfinite(score)
+    if not bad.any():
+        return
+    rows = bad.nonzero().flatten()[:5].tolist()
+    uids = [np.asarray(index)[r] for r in rows]
+    raise ValueError(
+        f"{estimator}: token_level_rewards sum to NaN or inf for {int(bad.sum())} response(s) (rows {rows}, uids "
+        f"{uids}{'...' if int(bad.sum()) > 5 else ''}); a NaN reward would count as incorrect and get a negative "
+        "advantage. Check the reward function that scored them (it must return a finite number)"
+    )
+
+
+_warned_unused_ref: set[str] = set()
+
+
+def optional_ref_sum(ref_log_prob: torch.Tensor, response_mask: torch.Tensor, estimator: str) -> torch.Tensor | None:
+    """``(bs,)`` float32 masked sum of ``ref_log_prob`` when the estimator only reports it (noise mask off), or None
+    when it has NaN or inf at a valid token: then it is left out of the metrics (warned once), not refused."""
+    try:
+        return row_sweep(response_mask, {"ref_log_prob": ref_log_prob})[2]["ref_log_prob"]
+    except ValueError as exc:  # NaN/inf or a shape of a tensor the advantages do not read
+        if estimator not in _warned_unused_ref:
+            _warned_unused_ref.add(estimator)
+            logger.warning("%s: ref_log_prob is not used with the noise mask off and is left out (%s)", estimator, exc)
+        return None
+
+
 @dataclass
 class BatchView:
     """What an estimator reads from verl's batch, computed once by :func:`read_batch` (bs responses).
@@ -256,9 +312,20 @@ def read_batch(
         A :class:`BatchView`.
 
     Raises:
+        TypeError: an input that is not a ``torch.Tensor`` (e.g. a numpy array; :func:`check_tensors`).
         ValueError: missing ``uid``, log-probs (``need_lpm``) or ``ref_log_prob`` (``need_ref``); a shape mismatch;
-            NaN/inf at a valid token of a log-prob that is used. Each message names the key and the fix.
+            NaN/inf at a valid token of a log-prob that is used, or in a response's summed reward
+            (:func:`check_rewards`). Each message names the key and the fix. ``ref_log_prob`` with NaN while
+            ``need_ref`` is off is left out of the metrics instead (:func:`optional_ref_sum`).
     """
+    check_tensors(
+        estimator,
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        old_log_probs=old_log_probs,
+        rollout_log_probs=rollout_log_probs,
+        ref_log_prob=ref_log_prob,
+    )
     bs = token_level_rewards.shape[0]
     gid_np, n_groups = group_ids(index, bs, estimator)
     masked = {}
@@ -268,9 +335,13 @@ def read_batch(
         masked[lp_key] = log_probs
     if need_ref:
         require_ref_log_prob(ref_log_prob, estimator)
-    if ref_log_prob is not None:
         masked["ref_log_prob"] = ref_log_prob
     out, n_valid, sums, score = row_sweep(response_mask, masked, token_level_rewards)
+    check_rewards(score, index, estimator)
+    if ref_log_prob is not None and not need_ref:
+        sums["ref_log_prob"] = optional_ref_sum(ref_log_prob, response_mask, estimator)
+        if sums["ref_log_prob"] is None:
+            ref_log_prob = None
     denom = n_valid.clamp_min(1.0)
     return BatchView(
         gid_np=gid_np,
@@ -426,10 +497,19 @@ def read_config_section(cls, config, section_name: str, unknown_hint: Mapping[st
         if unknown_hint and key in unknown_hint:
             raise ValueError(f"algorithm.{section_name}.{key}: {unknown_hint[key]}")
     if unknown:
-        raise ValueError(
-            f"unknown key(s) algorithm.{section_name}.{f', algorithm.{section_name}.'.join(unknown)}; "
-            f"valid keys: {sorted(known)}"
-        )
+        import difflib
+
+        prefix = f"algorithm.{section_name}."
+        key = unknown[0]
+        meant = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        value = section[key]
+        if meant and not isinstance(value, Mapping):
+            plus = "" if meant[0] in section else "+"
+            text = str(value).lower() if isinstance(value, bool) else value
+            fix = f"did you mean {prefix}{meant[0]}? set ~{prefix}{key} {plus}{prefix}{meant[0]}={text}"
+        else:
+            fix = f"remove it: set ~{prefix}{key}"
+        raise ValueError(f"unknown key(s) {prefix}{f', {prefix}'.join(unknown)}; valid keys: {sorted(known)}; {fix}")
     return cls(**{k: section[k] for k in section})
 
 

@@ -1,0 +1,176 @@
+"""Data that verl's own dataset would reduce to nothing, or fail on only after Ray started, is refused at start.
+
+Before, each of these passed ``--dry-run`` (the row count came from the parquet footer) and left verl's trainer 0
+training rows, or failed inside Ray: a file with other columns, prompts stored as plain strings,
+``data.prompt_key=question``, ``data.max_prompt_length=4``; a folder, a CSV or a garbage file as ``data.train_files``
+or ``data.val_files``; a file without the ``reward_model`` column (which failed at the first reward). Each case is
+first shown with verl's own ``RLHFDataset`` (what the trainer builds), then refused by
+:func:`capo_verl.launch.checked_config`, which is what a launch script's ``--dry-run`` runs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from capo_verl import launch
+
+pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(e2e_inputs, tmp_path_factory):
+    """The end-to-end inputs (tiny model with a real tokenizer, 16 training rows, batch 4) and broken copies."""
+    root = tmp_path_factory.mktemp("data")
+    train = pd.read_parquet(e2e_inputs.train)
+    files = {"train": e2e_inputs.train, "val": e2e_inputs.val}
+    files["columns"] = root / "columns.parquet"
+    train.rename(columns={"prompt": "question"}).to_parquet(files["columns"])
+    files["strings"] = root / "strings.parquet"
+    train.assign(prompt=[m[0]["content"] for m in train["prompt"]]).to_parquet(files["strings"])
+    files["no_reward"] = root / "no_reward.parquet"
+    train.drop(columns=["reward_model"]).to_parquet(files["no_reward"])
+    files["empty"] = root / "empty.parquet"
+    train.iloc[:0].to_parquet(files["empty"])
+    files["garbage"] = root / "garbage.parquet"
+    files["garbage"].write_bytes(b"PAR1 this is not a parquet file")
+    files["csv"] = root / "train.csv"
+    train.to_csv(files["csv"])
+    files["folder"] = root
+    return e2e_inputs, files
+
+
+def command(data, tmp: Path, *overrides: str) -> list[str]:
+    inputs, files = data
+    return [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"--config-path={REPO / 'configs'}",
+        "--config-name=capo_smollm2_135m_cpu",
+        f"actor_rollout_ref.model.path={inputs.model}",
+        f"data.train_files={files['train']}",
+        f"data.val_files={files['val']}",
+        f"trainer.default_local_dir={tmp / 'ckpt'}",
+        "trainer.total_training_steps=2",
+        *overrides,
+    ]
+
+
+def refusal(data, tmp: Path, *overrides: str) -> str:
+    with pytest.raises(ValueError) as info:
+        launch.checked_config(command(data, tmp, *overrides))
+    message = str(info.value)
+    assert "\n" not in message, message
+    return message
+
+
+def verl_rows(data, path: Path, **data_changes) -> int:
+    """Rows of verl's own RLHFDataset for ``path`` with the main job's data config (``data_changes`` applied)."""
+    from verl.utils import hf_tokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    inputs, _ = data
+    with_defaults = {"prompt_key": "prompt", "max_prompt_length": 256, "filter_overlong_prompts": True}
+    config = OmegaConf.create({**with_defaults, **data_changes, "filter_overlong_prompts_workers": 1})
+    return len(RLHFDataset([str(path)], hf_tokenizer(str(inputs.model)), config))
+
+
+def test_the_data_as_given_passes_and_leaves_nothing_behind(data, tmp_path):
+    cfg = launch.checked_config(command(data, tmp_path))
+    assert cfg.data.train_batch_size == 4 and verl_rows(data, data[1]["train"]) == 16
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "case, overrides, verl_changes, start",
+    [
+        (
+            "columns",
+            ["data.train_files={columns}"],
+            {},
+            r"^data\.train_files=\S+columns\.parquet: \S+ has no column 'prompt' \(data\.prompt_key\), so verl's "
+            r"dataset drops every row; its columns: data_source, question, ",
+        ),
+        (
+            "strings",
+            ["data.train_files={strings}"],
+            {},
+            r"^data\.train_files=\S+strings\.parquet: verl's dataset cannot chat-template 16 of 16 prompts \(column "
+            r"'prompt', data\.prompt_key; .* leaving 0 rows, fewer than data\.train_batch_size=4; set "
+            r"data\.train_files=\S+train\.parquet \(the value this command had before\)",
+        ),
+        (
+            "train",
+            ["data.prompt_key=question"],
+            {"prompt_key": "question"},
+            r"^data\.prompt_key=question: \S+ has no column 'question' \(data\.prompt_key\), .*; set "
+            r"data\.prompt_key=prompt$",
+        ),
+        (
+            "train",
+            ["data.max_prompt_length=4"],
+            {"max_prompt_length": 4},
+            r"^data\.max_prompt_length=4: 16 of 16 prompts of data\.train_files are longer \(verl's dataset drops "
+            r"them\), leaving 0 rows, fewer than data\.train_batch_size=4; set data\.max_prompt_length=1024$",
+        ),
+        (
+            "strings",
+            ["data.val_files={strings}"],
+            {},
+            r"^data\.val_files=\S+strings\.parquet: verl's dataset cannot chat-template 16 of 16 .* leaving 0 rows, "
+            r"fewer than the 1 row a validation pass needs; set data\.val_files=\S+val\.parquet ",
+        ),
+    ],
+)
+def test_data_verls_dataset_reduces_to_nothing_is_refused_naming_the_cause(
+    data, tmp_path, case, overrides, verl_changes, start
+):
+    """verl's RLHFDataset keeps 0 rows of the file; the start check says why, and its fix passes when pasted."""
+    _, files = data
+    overrides = [o.format(**files) for o in overrides]
+    assert verl_rows(data, files[case], **verl_changes) == 0
+    message = refusal(data, tmp_path, *overrides)
+    assert re.match(start, message), message
+    fix = message.rsplit("; set ", 1)[-1].split(" ")[0]
+    launch.checked_config(command(data, tmp_path, *overrides, fix))
+
+
+@pytest.mark.parametrize("key", ["data.train_files", "data.val_files"])
+@pytest.mark.parametrize(
+    "case, problem",
+    [
+        ("folder", r"\S+ is a folder; verl reads files \(\.parquet, \.json, \.jsonl\)"),
+        ("csv", r"\S+train\.csv: verl reads only \.parquet, \.json, \.jsonl files"),
+        ("garbage", r"\S+garbage\.parquet is not a parquet file verl can read \(ArrowInvalid: "),
+        ("no_reward", r"\S+ has no column 'reward_model', which verl's reward reads for every response"),
+        ("empty", r"\S+empty\.parquet holds no rows"),
+    ],
+)
+def test_files_verl_cannot_use_are_refused_at_start(data, tmp_path, key, case, problem):
+    _, files = data
+    message = refusal(data, tmp_path, f"{key}={files[case]}")
+    assert re.match(rf"^{re.escape(key)}=\S+: {problem}", message), message
+    assert "train_batch_size=0" not in message
+    assert message.endswith(
+        f"; set {key}={files['train' if key == 'data.train_files' else 'val']} (the value this "
+        "command had before), or fix the data"
+    ), message
+
+
+def test_verl_itself_refuses_a_csv_only_when_it_builds_the_dataset(data):
+    """What the start check spares: verl's own error, raised inside the trainer's Ray actor."""
+    with pytest.raises(ValueError, match="Unsupported file format"):
+        verl_rows(data, data[1]["csv"])
+
+
+def test_an_empty_list_of_training_files_names_the_data(data, tmp_path):
+    message = refusal(data, tmp_path, "data.train_files=[]")
+    assert message.startswith("data.train_files=[]: names no data file; set data.train_files="), message
