@@ -133,21 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
         f"64 problems after them. 'all': every GSM8K test calculation outside the held-out set of "
         f"--val-questions {VAL_ALL_HELDOUT_AFTER} whose expression is no training row's (~/data/capo/compare_valall)",
     )
-    p.add_argument(
-        "--plan",
-        default=None,
-        metavar="PATH",
-        help="the study's plan file (YAML: methods, seeds, steps, co-primary endpoints with their margins, verdict "
-        "rule; capo_verl/compare/verdict.py): with --seeds, seeds_summary.md reads the endpoints and gives the "
-        "verdict by its rule; --methods must be the plan's and --seeds among the plan's",
-    )
-    p.add_argument(
-        "--share-step0",
-        action="store_true",
-        help="with --seeds: only the first method validates the base model before training; every other method of "
-        "the seed takes that pass (val_generations/0.jsonl, marked as shared) instead of validating the same "
-        "weights with the same rollout seeds again",
-    )
     p.add_argument("--plot-only", action="store_true", help="only redraw figures and summary from existing logs")
     p.add_argument(
         "--prepare-only",
@@ -163,7 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="samples per held-out problem in the evaluation (default 8)",
     )
     p.add_argument("--n-boot", type=commands.positive_int, default=2000, help="bootstrap resamples (default 2000)")
-    p.add_argument(
+    _add_study_options(p.add_argument_group("a study across training seeds"))
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
+    return p
+
+
+def _add_study_options(g: argparse._ArgumentGroup) -> None:
+    """``--seeds``, ``--teacher-forced``, ``--plan``, ``--share-step0``: what a study across seeds adds."""
+    g.add_argument(
         "--seeds",
         type=_seed_list,
         default=None,
@@ -173,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "paired), seed by seed; <out>/seeds_summary.md compares across seeds (default: one run per method in "
         "<out>/ with the config's seeds)",
     )
-    p.add_argument(
+    g.add_argument(
         "--teacher-forced",
         type=commands.positive_int,
         default=None,
@@ -183,8 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
         "weights, then prune each finished run's checkpoints to those weights (needs the default config's data, "
         "trainer.save_freq and hf_model in actor_rollout_ref.actor.checkpoint.save_contents)",
     )
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every method, e.g. trainer.test_freq=5")
-    return p
+    g.add_argument(
+        "--plan",
+        default=None,
+        metavar="PATH",
+        help="the study's plan file (YAML: methods, seeds, steps, co-primary endpoints with their margins, verdict "
+        "rule; capo_verl/compare/verdict.py): with --seeds, seeds_summary.md reads the endpoints and gives the "
+        "verdict by its rule; --methods must be the plan's and --seeds among the plan's",
+    )
+    g.add_argument(
+        "--share-step0",
+        action="store_true",
+        help="with --seeds: only the first method validates the base model before training; every other method of "
+        "the seed takes that pass (val_generations/0.jsonl, marked as shared) instead of validating the same "
+        "weights with the same rollout seeds again",
+    )
 
 
 @dataclass

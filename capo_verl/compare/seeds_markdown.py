@@ -68,49 +68,8 @@ def seeds_markdown(summary: dict, plan: StudyPlan | None = None) -> str:
                     f"[{_fmt(hb['low'])}, {_fmt(hb['high'])}] | {', '.join(_fmt(v) for v in e['per_seed'])} |"
                 )
         lines.append("")
-    agreement = summary.get("step0_agreement")
-    if agreement:
-        lines += [
-            "## Two step-0 validation passes of the same weights",
-            "",
-            "Every method of a seed validates the base model at step 0 with the same rollout seeds: the passes differ "
-            "only by the engine's numerics. Identical: the share of responses the first method's pass also produced "
-            "for the same question.",
-            "",
-            "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
-            "|---|---|---|---|---|",
-        ]
-        per = summary["per_seed"]  # the first pass is the step-0 pass these files hold
-        for m in methods[1:]:
-            name = f"{m} - {methods[0]}"
-            for i, k in enumerate(seeds):
-                fractions = agreement[name]
-                auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
-                same = "shared" if fractions[i] is None else f"{100 * fractions[i]:.1f}%"
-                lines.append(f"| {name} | {k} | {same} | {', '.join(auc)} | {', '.join(acc)} |")
-        lines.append("")
-    for block in summary.get("secondary", {}).values():
-        lines += [f"## {block['label']}", ""]
-        if "step0" in block:
-            lines += [f"Step 0 (the base model, shared by every run): {_fmt(block['step0'], False)}.", ""]
-        lines += [
-            "| | " + " | ".join(f"{m}: mean over seeds" for m in methods) + " | difference | mean | t-interval | "
-            "bootstrap interval | per seed |",
-            "|---|" + "---|" * (len(methods) + 5),
-        ]
-        for row, entry in block["rows"].items():
-            means = [_fmt(float(np.mean(entry["per_seed"][m])), False) for m in methods]
-            for name, e in entry["differences"].items():
-                if "undefined" in e:
-                    lines.append(f"| {row} | {' | '.join(means)} | {name} | n/a: {e['undefined']} | | | |")
-                    continue
-                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
-                lines.append(
-                    f"| {row} | {' | '.join(means)} | {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, "
-                    f"{_fmt(t['high'])}] | [{_fmt(hb['low'])}, {_fmt(hb['high'])}] | "
-                    f"{', '.join(_fmt(v) for v in e['per_seed'])} |"
-                )
-        lines.append("")
+    lines += _step0_lines(summary)
+    lines += _secondary_lines(summary)
     return "\n".join(lines)
 
 
@@ -146,4 +105,61 @@ def _co_primary_lines(summary: dict, plan: StudyPlan | None, pct: str) -> list[s
         v = entry["verdict"]
         lines.append(f"**Verdict, {name}: {v['verdict']}** ({'; '.join(v['because'])}).")
     lines.append("")
+    return lines
+
+
+def _step0_lines(summary: dict) -> list[str]:
+    """The agreement of the step-0 passes of each seed (:func:`capo_verl.compare.seeds.step0_agreement`)."""
+    seeds, methods = summary["seeds"], summary["methods"]
+    lines: list[str] = []
+    agreement = summary.get("step0_agreement")
+    if agreement:
+        lines += [
+            "## Two step-0 validation passes of the same weights",
+            "",
+            "Every method of a seed validates the base model at step 0 with the same rollout seeds: the passes differ "
+            "only by the engine's numerics. Identical: the share of responses the first method's pass also produced "
+            "for the same question.",
+            "",
+            "| pair | seed | identical responses | AUC-mean (first method, this method) | accuracy (first, this) |",
+            "|---|---|---|---|---|",
+        ]
+        per = summary["per_seed"]  # the first pass is the step-0 pass these files hold
+        for m in methods[1:]:
+            name = f"{m} - {methods[0]}"
+            for i, k in enumerate(seeds):
+                fractions = agreement[name]
+                auc, acc = ([_fmt(per[r][measure]["first"][i], False) for r in (methods[0], m)] for measure in MEASURES)
+                same = "shared" if fractions[i] is None else f"{100 * fractions[i]:.1f}%"
+                lines.append(f"| {name} | {k} | {same} | {', '.join(auc)} | {', '.join(acc)} |")
+        lines.append("")
+    return lines
+
+
+def _secondary_lines(summary: dict) -> list[str]:
+    """A table per secondary measure: each method's mean over seeds and each difference with its intervals."""
+    methods = summary["methods"]
+    lines: list[str] = []
+    for block in summary.get("secondary", {}).values():
+        lines += [f"## {block['label']}", ""]
+        if "step0" in block:
+            lines += [f"Step 0 (the base model, shared by every run): {_fmt(block['step0'], False)}.", ""]
+        lines += [
+            "| | " + " | ".join(f"{m}: mean over seeds" for m in methods) + " | difference | mean | t-interval | "
+            "bootstrap interval | per seed |",
+            "|---|" + "---|" * (len(methods) + 5),
+        ]
+        for row, entry in block["rows"].items():
+            means = [_fmt(float(np.mean(entry["per_seed"][m])), False) for m in methods]
+            for name, e in entry["differences"].items():
+                if "undefined" in e:
+                    lines.append(f"| {row} | {' | '.join(means)} | {name} | n/a: {e['undefined']} | | | |")
+                    continue
+                t, hb = e["t_interval"], e["hierarchical_bootstrap"]
+                lines.append(
+                    f"| {row} | {' | '.join(means)} | {name} | {_fmt(t['mean'])} | [{_fmt(t['low'])}, "
+                    f"{_fmt(t['high'])}] | [{_fmt(hb['low'])}, {_fmt(hb['high'])}] | "
+                    f"{', '.join(_fmt(v) for v in e['per_seed'])} |"
+                )
+        lines.append("")
     return lines
