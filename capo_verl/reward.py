@@ -400,8 +400,8 @@ def check_timeout(timeout_s: Any) -> None:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
         raise ValueError(
             f"reward.custom_reward_function.reward_kwargs.timeout_s={timeout_s!r}: must be a finite number of "
-            f"seconds > 0 (0 or less would score every answer that needs math-verify 0.0); default "
-            f"{DEFAULT_TIMEOUT_S:g}"
+            f"seconds > 0 (0 or less would score every answer that needs math-verify 0.0); e.g. "
+            f"+reward.custom_reward_function.reward_kwargs.timeout_s={DEFAULT_TIMEOUT_S:g} (the default)"
         )
 
 

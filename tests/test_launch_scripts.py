@@ -52,7 +52,7 @@ def test_cpu_script_dry_run_prints_the_validated_command_and_refuses_a_bad_value
     assert bad.returncode == 2
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == [
-        "error: ValueError: trainer.val_calib='maybe': must be true, false, auto or null (null = auto); "
-        "+trainer.val_calib=... if your config lacks the key"
+        "error: ValueError: trainer.val_calib='maybe': must be true, false, auto or null (null = auto); e.g. "
+        "trainer.val_calib=auto (+trainer.val_calib=auto if your config lacks the key)"
     ], bad.stderr[-3000:]
     assert "Traceback" not in bad.stderr

@@ -224,7 +224,8 @@ def test_bad_timeout_is_refused_on_every_call(timeout_s):
     it is refused on every call, also for an answer that equals the gold as a string."""
     message = (
         r"^reward.custom_reward_function.reward_kwargs.timeout_s=.*: must be a finite number of seconds > 0 "
-        r"\(0 or less would score every answer that needs math-verify 0.0\); default 10$"
+        r"\(0 or less would score every answer that needs math-verify 0.0\); e.g. "
+        r"\+reward\.custom_reward_function\.reward_kwargs\.timeout_s=10 \(the default\)$"
     )
     for response, gold in (("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{3}", "3")):
         with pytest.raises(ValueError, match=message):

@@ -430,7 +430,7 @@ def _trainer_config(*overrides):
             r"actor_rollout_ref\.actor\.fsdp_config\.ulysses_sequence_parallel_size=1",
         ),
         (["distillation.enabled=true"], r"distillation\.enabled=true"),
-        (["+actor_rollout_ref.actor.policy_loss.simko.top_k=0"], r"policy_loss\.simko\.top_k must be >= 1"),
+        (["+actor_rollout_ref.actor.policy_loss.simko.top_k=0"], r"policy_loss\.simko\.top_k must be an integer >= 1"),
     ],
 )
 def test_uncovered_setups_stop_in_verls_validate_config(overrides, message):

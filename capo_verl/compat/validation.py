@@ -189,8 +189,8 @@ def parse_val_calib(value) -> bool | None:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return None
     raise ValueError(
-        f"trainer.val_calib={value!r}: must be true, false, auto or null (null = auto); "
-        "+trainer.val_calib=... if your config lacks the key"
+        f"trainer.val_calib={value!r}: must be true, false, auto or null (null = auto); e.g. trainer.val_calib=auto "
+        "(+trainer.val_calib=auto if your config lacks the key)"
     )
 
 

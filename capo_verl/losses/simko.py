@@ -111,16 +111,28 @@ def parse_simko_config(raw: Mapping[str, Any] | None) -> SimKOParams:
 
     top_k = number("top_k", integer=True)
     if top_k < 1:
-        raise ValueError(f"{CONFIG_KEY}.top_k must be >= 1, got {top_k}")
+        raise ValueError(
+            f"{CONFIG_KEY}.top_k must be an integer >= 1, got {top_k}; e.g. {CONFIG_KEY}.top_k={SimKOParams.top_k} "
+            "(the default)"
+        )
     alpha = float(number("alpha"))
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"{CONFIG_KEY}.alpha must be in [0, 1], got {alpha}")
+        raise ValueError(
+            f"{CONFIG_KEY}.alpha must be in [0, 1], got {alpha}; e.g. {CONFIG_KEY}.alpha={SimKOParams.alpha} "
+            "(the default)"
+        )
     quantile = float(number("entropy_quantile"))
     if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"{CONFIG_KEY}.entropy_quantile must be in [0, 1], got {quantile}")
+        raise ValueError(
+            f"{CONFIG_KEY}.entropy_quantile must be in [0, 1], got {quantile}; e.g. "
+            f"{CONFIG_KEY}.entropy_quantile={SimKOParams.entropy_quantile} (the default)"
+        )
     penalty = float(number("top1_penalty"))
     if penalty <= 0.0:
-        raise ValueError(f"{CONFIG_KEY}.top1_penalty must be > 0, got {penalty}")
+        raise ValueError(
+            f"{CONFIG_KEY}.top1_penalty must be > 0, got {penalty}; e.g. "
+            f"{CONFIG_KEY}.top1_penalty={SimKOParams.top1_penalty} (the default)"
+        )
     return SimKOParams(top_k=int(top_k), alpha=alpha, entropy_quantile=quantile, top1_penalty=penalty)
 
 
