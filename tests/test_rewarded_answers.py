@@ -1,0 +1,87 @@
+"""benchmarks/rewarded_answers.py: the counts on a hand-written dump, and on pilot 2's committed dumps."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capo_verl.compare.report import read_validation_pass
+
+REPO = Path(__file__).resolve().parents[1]
+PILOT2 = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("rewarded_answers", REPO / "benchmarks" / "rewarded_answers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ra = _script()
+
+
+def _row(output, pred, acc):
+    return {"input": "q", "output": output, "gts": "70", "pred": pred, "acc": acc, "score": acc, "lpm": -0.1}
+
+
+ROWS = [
+    _row("48 + 22 = 70", "70", 1.0),
+    _row("48 + 22 equals 70.", "70", 1.0),
+    _row("70", "70", 1.0),
+    _row("48 + 22", "48 + 22", 0.0),
+    _row("48 + 22 = 71", "71", 0.0),
+]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_counts_on_a_hand_written_dump(tmp_path, gz):
+    d = tmp_path / "seed3" / "grpo" / "val_generations"
+    d.mkdir(parents=True)
+    text = "".join(json.dumps(r) + "\n" for r in ROWS)
+    if gz:
+        with gzip.open(d / "30.jsonl.gz", "wt") as f:
+            f.write(text)
+    else:
+        (d / "30.jsonl").write_text(text)
+    r = ra.read_unit(ra.validation_dump(d, 30))
+    assert (r["n"], r["correct"]) == (5, 3)
+    assert r["accuracy"] == pytest.approx(0.6)
+    assert r["plain"] == 1.0
+    assert r["states"] == pytest.approx(2 / 3)  # the bare "70" states no calculation
+    assert r["answers"] == {"70": 3}
+    assert r["shapes"] == {"N + N = N": 1, "N + N equals N.": 1, "N": 1}
+    text = ra.report(tmp_path, 30, top=2)
+    assert "| seed3/grpo | 5 | 3 | 0.600 | 1.000 | 0.667 | `70` (3) |" in text
+
+
+def test_an_unpaid_expression_is_not_plain_and_a_paid_one_would_be_counted():
+    rows = [_row("Answer: 12 + 5", "12 + 5", 1.0), _row("12 + 5 = 17", "17", 1.0)]
+    assert ra.PLAIN.match("17") and not ra.PLAIN.match("12 + 5")
+    assert [bool(ra.STATES.search(r["output"])) for r in rows] == [False, True]
+
+
+def test_not_a_dump_and_no_unit_are_refused(tmp_path):
+    d = tmp_path / "seed0" / "capo" / "val_generations"
+    d.mkdir(parents=True)
+    (d / "30.jsonl").write_text(json.dumps({"response": "x", "correct": True}) + "\n")
+    with pytest.raises(ValueError, match="not a verl validation dump"):
+        ra.read_unit(d / "30.jsonl")
+    with pytest.raises(FileNotFoundError, match="val_generations/7"):
+        ra.report(tmp_path, 7, top=1)
+
+
+def test_pilot2_paid_only_plain_numbers_and_its_accuracy_is_the_dump_reader_s():
+    found = ra.units(PILOT2, 30)
+    assert [name for name, _ in found] == [f"seed{s}/{m}" for s in range(3) for m in ("capo", "grpo")]
+    for _, path in found:
+        r = ra.read_unit(path)
+        vp = read_validation_pass(path)
+        assert r["n"] == sum(len(c) for c in vp.correct) == 2048
+        assert r["accuracy"] == pytest.approx(float(np.mean(np.concatenate(vp.correct))))
+        assert r["plain"] == 1.0  # the solving-only reward pays plain numbers only (pilot 2's page: no echo)
