@@ -319,6 +319,21 @@ def run_verl(start_verl):
 
 
 @pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark(name) -> module``: the script ``benchmarks/<name>.py`` imported as a module (``benchmarks/``
+    is a folder of scripts, not a package)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def stand_in_python(tmp_path_factory) -> Path:
     """A stand-in for the paper launch scripts' Python (``PYTHON=...``): their "can it import verl" check passes, and
     their ``--dry-run`` config printing (a program on stdin) prints ``# stand-in python: <its arguments>`` instead of

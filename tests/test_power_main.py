@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from capo_verl.metrics import per_group_auc
 
@@ -13,14 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 PILOT2 = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("power_main", REPO / "benchmarks" / "power_main.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pm = _script()
+@pytest.fixture(scope="module")
+def pm(load_benchmark):
+    return load_benchmark("power_main")
 
 
 def _reference(lpm, correct):
@@ -30,7 +25,7 @@ def _reference(lpm, correct):
     return auc
 
 
-def test_question_auc_is_per_group_auc_on_pilot2_dumps():
+def test_question_auc_is_per_group_auc_on_pilot2_dumps(pm):
     for seed in range(3):
         for method in pm.METHODS:
             lpm, correct, _ = pm.per_question(PILOT2 / f"seed{seed}" / method / "val_generations" / "30.jsonl")
@@ -40,7 +35,7 @@ def test_question_auc_is_per_group_auc_on_pilot2_dumps():
             np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-12)
 
 
-def test_question_auc_with_ties_and_a_leading_bootstrap_axis():
+def test_question_auc_with_ties_and_a_leading_bootstrap_axis(pm):
     rng = np.random.default_rng(0)
     lpm = rng.integers(-3, 0, (4, 6, 8)).astype(np.float64)  # many ties
     correct = rng.random((4, 6, 8)) < 0.5

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,14 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 PILOT2 = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("rewarded_answers", REPO / "benchmarks" / "rewarded_answers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ra = _script()
+@pytest.fixture(scope="module")
+def ra(load_benchmark):
+    return load_benchmark("rewarded_answers")
 
 
 def _row(output, pred, acc):
@@ -40,7 +34,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize("gz", [False, True])
-def test_counts_on_a_hand_written_dump(tmp_path, gz):
+def test_counts_on_a_hand_written_dump(ra, tmp_path, gz):
     d = tmp_path / "seed3" / "grpo" / "val_generations"
     d.mkdir(parents=True)
     text = "".join(json.dumps(r) + "\n" for r in ROWS)
@@ -60,13 +54,13 @@ def test_counts_on_a_hand_written_dump(tmp_path, gz):
     assert "| seed3/grpo | 5 | 3 | 0.600 | 1.000 | 0.667 | `70` (3) |" in text
 
 
-def test_an_unpaid_expression_is_not_plain_and_a_paid_one_would_be_counted():
+def test_an_unpaid_expression_is_not_plain_and_a_paid_one_would_be_counted(ra):
     rows = [_row("Answer: 12 + 5", "12 + 5", 1.0), _row("12 + 5 = 17", "17", 1.0)]
     assert ra.PLAIN.match("17") and not ra.PLAIN.match("12 + 5")
     assert [bool(ra.STATES.search(r["output"])) for r in rows] == [False, True]
 
 
-def test_not_a_dump_and_no_unit_are_refused(tmp_path):
+def test_not_a_dump_and_no_unit_are_refused(ra, tmp_path):
     d = tmp_path / "seed0" / "capo" / "val_generations"
     d.mkdir(parents=True)
     (d / "30.jsonl").write_text(json.dumps({"response": "x", "correct": True}) + "\n")
@@ -76,7 +70,7 @@ def test_not_a_dump_and_no_unit_are_refused(tmp_path):
         ra.report(tmp_path, 7, top=1)
 
 
-def test_pilot2_paid_only_plain_numbers_and_its_accuracy_is_the_dump_reader_s():
+def test_pilot2_paid_only_plain_numbers_and_its_accuracy_is_the_dump_reader_s(ra):
     found = ra.units(PILOT2, 30)
     assert [name for name, _ in found] == [f"seed{s}/{m}" for s in range(3) for m in ("capo", "grpo")]
     for _, path in found:
