@@ -134,7 +134,12 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
         (["--val-questions", "most"], "argument --val-questions: not an integer: 'most'"),
         (
             ["--share-step0"],
-            "--share-step0 shares the first method's step-0 pass between the methods of a seed: it needs --seeds K",
+            "--share-step0 validates the base model once per seed for every method: it needs --seeds K",
+        ),
+        (["--seeds", "0", "--step0-only"], "--step0-only makes each seed's shared step-0 pass: add --share-step0"),
+        (
+            ["--seeds", "0", "--share-step0", "--step0-only", "--prepare-only"],
+            "--prepare-only and --step0-only: give one of them",
         ),
         (["--plan", str(PILOT2_PLAN)], "--plan reads a comparison across seeds; add --seeds (the plan's: 0,1,2)"),
         (["--plan", str(PILOT2_PLAN), "--seeds", "1,5"], "--seeds: seed 5 is not among the plan's seeds (0,1,2)"),
@@ -498,34 +503,61 @@ def test_prepare_only_writes_the_data_and_the_pool_and_trains_nothing(tmp_path):
     assert not {e["problem"] for e in val.extra_info} & expressions  # no validation calculation was trained on
 
 
-def test_share_step0_turns_off_the_second_methods_own_step0_pass_and_gives_it_the_firsts(tmp_path):
-    """``--share-step0``: the second method's training command ends with ``trainer.val_before_train=false`` (after
-    every shared override, so none undoes it), its recorded settings say so, and after training it holds the first
-    method's step-0 pass, marked; the first method trains as without the flag."""
-    from capo_verl.compare.running import SHARED_STEP0
+def test_share_step0_validates_the_base_model_once_per_seed_and_every_method_takes_that_pass(tmp_path):
+    """``--share-step0``: per seed, first the step-0 pass in ``seed<k>/step0`` (the first method's config with
+    ``trainer.val_only=true``, recorded as such, without the teacher-forced pool it does not score); then every
+    method trains with ``trainer.val_before_train=false`` last (so no shared override undoes it) and holds that pass,
+    marked. ``--step0-only`` stops after the passes; a second call takes them as they are."""
+    from capo_verl.compare.running import SHARED_STEP0, STEP0_OVERRIDES
 
     out = tmp_path / "cmp"
-    calls = {}
+    calls = []
 
-    def fake_run_method(method, folder, config, config_dir, overrides, *, settings):
-        calls[method] = (list(overrides), settings["method_overrides"])
-        run = folder / method
+    def fake_run_method(method, folder, config, config_dir, overrides, *, settings, name=None):
+        calls.append((folder.name, name or method, method, list(overrides), settings))
+        run = folder / (name or method)
+        if (run / "done.json").exists():
+            return run
         (run / "val_generations").mkdir(parents=True, exist_ok=True)
-        if method == "grpo":
-            (run / "val_generations" / "0.jsonl").write_text('{"input": "q", "output": "1", "lpm": -1.0, "acc": 1}\n')
+        (run / ".capo-verl-run.json").write_text(json.dumps({"method": method, "settings": settings}))
+        if name == "step0":
+            dump = '{"input": "q", "output": "1", "lpm": -1.0, "acc": 1}\n'
+            (run / "val_generations" / "0.jsonl").write_text(dump)
+        (run / "done.json").write_text(json.dumps({"settings": settings}))
         return run
 
-    args = base_args(tmp_path, out, "--seeds", "0", "--share-step0")
-    with (
+    args = base_args(tmp_path, out, "--seeds", "0,1", "--share-step0", "--teacher-forced", "2")
+    patches = (
         mock.patch.object(cli, "run_method", fake_run_method),
+        mock.patch.object(cli.teacher_forced, "make_pool", lambda folder, *a, **kw: folder / "teacher_forced"),
+        mock.patch.object(cli.teacher_forced, "score_run", lambda *a, **kw: None),
         mock.patch.object(cli, "write_report", lambda *a, **kw: None),
         mock.patch.object(cli, "write_seeds_summary", lambda out, *a, **kw: (out / "seeds_summary.md").write_text("")),
-        contextlib.redirect_stdout(io.StringIO()),
-    ):
+    )
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        assert cli.main([*args, "--step0-only"]) == 0
+        assert [c[:3] for c in calls] == [("seed0", "step0", "grpo"), ("seed1", "step0", "grpo")]
+        assert not (out / "seed0" / "grpo").exists()
+        calls.clear()
         assert cli.main(args) == 0
-    assert calls["capo"][0][-1] == "++trainer.val_before_train=false"
-    assert "++trainer.val_before_train=false" in calls["capo"][1]
-    assert not any("val_before_train" in o for o in calls["grpo"][0] + calls["grpo"][1])
-    capo = out / "seed0" / "capo" / "val_generations"
-    assert (capo / "0.jsonl").read_bytes() == (out / "seed0" / "grpo" / "val_generations" / "0.jsonl").read_bytes()
-    assert json.loads((capo / SHARED_STEP0).read_text())["from"] == "grpo/val_generations/0.jsonl"
+    runs = (("step0", "grpo"), ("grpo", "grpo"), ("capo", "capo"))
+    assert [c[:3] for c in calls] == [(k, run, m) for k in ("seed0", "seed1") for run, m in runs]
+    by_run = {(c[0], c[1]): c for c in calls}
+    step0 = by_run["seed0", "step0"]
+    assert step0[3][-2:] == list(STEP0_OVERRIDES)
+    assert step0[4]["step0"] is True and "teacher_forced" not in step0[4]
+    assert step0[4]["method_overrides"][-2:] == list(STEP0_OVERRIDES)
+    assert step0[4]["composed"]["trainer"]["val_only"] is True
+    assert step0[4]["composed"]["data"]["seed"] == 0 and by_run["seed1", "step0"][4]["composed"]["data"]["seed"] == 1
+    for k in ("seed0", "seed1"):
+        for m in ("grpo", "capo"):
+            _, _, _, overrides, settings = by_run[k, m]
+            assert overrides[-1] == "++trainer.val_before_train=false"
+            assert settings["method_overrides"][-1] == "++trainer.val_before_train=false"
+            assert settings["teacher_forced"] == 2
+            dumps = out / k / m / "val_generations"
+            assert (dumps / "0.jsonl").read_bytes() == (out / k / "step0" / "val_generations" / "0.jsonl").read_bytes()
+            assert json.loads((dumps / SHARED_STEP0).read_text())["from"] == "step0/val_generations/0.jsonl"

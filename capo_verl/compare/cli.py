@@ -31,9 +31,17 @@ from capo_verl.compare.config import (
     find_config_dir,
 )
 from capo_verl.compare.methods import METHODS
-from capo_verl.compare.outdir import MARKER, prepare_out
+from capo_verl.compare.outdir import MARKER, check_method_dir, prepare_out
 from capo_verl.compare.report import write_report
-from capo_verl.compare.running import check_step0_source, evaluate, generate_heldout, run_method, share_step0
+from capo_verl.compare.running import (
+    STEP0_DIR,
+    STEP0_OVERRIDES,
+    check_step0_source,
+    evaluate,
+    generate_heldout,
+    run_method,
+    share_step0,
+)
 from capo_verl.compare.seeds import write_seeds_summary
 from capo_verl.compare.verdict import PlanError, StudyPlan, load_plan
 
@@ -154,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_study_options(g: argparse._ArgumentGroup) -> None:
-    """``--seeds``, ``--teacher-forced``, ``--plan``, ``--share-step0``: what a study across seeds adds."""
+    """``--seeds``, ``--teacher-forced``, ``--plan``, ``--share-step0``, ``--step0-only``: what a study across seeds
+    adds."""
     g.add_argument(
         "--seeds",
         type=_seed_list,
@@ -186,9 +195,16 @@ def _add_study_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--share-step0",
         action="store_true",
-        help="with --seeds: only the first method validates the base model before training; every other method of "
-        "the seed takes that pass (val_generations/0.jsonl, marked as shared) instead of validating the same "
-        "weights with the same rollout seeds again",
+        help="with --seeds: the base model is validated once per seed, in <out>/seedK/step0/ (verl's trainer with "
+        "the first method's config and trainer.val_only=true), and every method of the seed takes that pass "
+        "(val_generations/0.jsonl, marked as shared) instead of validating the same weights with the same rollout "
+        "seeds itself (trainer.val_before_train=false)",
+    )
+    g.add_argument(
+        "--step0-only",
+        action="store_true",
+        help="with --share-step0: make each seed's step-0 pass (and the data, model and teacher-forced pool) and "
+        "train nothing",
     )
 
 
@@ -203,6 +219,8 @@ class Plan:
         default_model: the model is the SmolLM2 checkpoint, converted on first use.
         settings: what every method shares, recorded in the output folder's marker.
         method_settings: per method, everything that determines its run, recorded in its ``done.json``.
+        step0_settings: with ``--share-step0``, the same for the seed's step-0 pass (:data:`STEP0_DIR`): the first
+            method's config with :data:`STEP0_OVERRIDES`; else None.
         max_new_tokens: ``data.max_response_length``, for the held-out evaluation and the teacher-forced pool.
         model_path: ``actor_rollout_ref.model.path``: the base model every run starts from.
         dtype: ``actor_rollout_ref.rollout.dtype``: the held-out evaluation and the teacher-forced pool generate in
@@ -218,6 +236,7 @@ class Plan:
     max_new_tokens: int
     model_path: Path
     dtype: str
+    step0_settings: dict | None = None
 
 
 def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan:
@@ -245,6 +264,13 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         own = list(METHODS[m].overrides) + share_step0_overrides(args, m)
         cfg = checked_config(f"method {m}", args.config, config_dir, own + overrides)
         method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
+    step0_settings = None
+    if args.share_step0:  # the step-0 pass validates and trains nothing: no pool to score, no held-out generation
+        first = args.methods[0]
+        own = list(METHODS[first].overrides) + list(STEP0_OVERRIDES)
+        step0 = checked_config("the step-0 pass", args.config, config_dir, own + overrides)
+        step0_settings = {k: v for k, v in settings.items() if k != "teacher_forced"}
+        step0_settings.update(method=first, step0=True, method_overrides=own, composed=as_record(step0))
     val_n = int(cfg.actor_rollout_ref.rollout.val_kwargs.n)
     if val_n < MIN_VAL_SAMPLES:
         print(
@@ -262,13 +288,14 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         int(base.data.max_response_length),
         Path(str(base.actor_rollout_ref.model.path)),
         str(base.actor_rollout_ref.rollout.dtype),
+        step0_settings,
     )
 
 
 def share_step0_overrides(args: argparse.Namespace, method: str) -> list[str]:
-    """``method``'s own overrides for ``--share-step0``: every method but the first skips the validation before
-    training (it takes the first method's step-0 pass, :func:`capo_verl.compare.running.share_step0`)."""
-    return ["++trainer.val_before_train=false"] if args.share_step0 and method != args.methods[0] else []
+    """``method``'s own overrides for ``--share-step0``: every method skips the validation before training (it
+    takes the seed's step-0 pass, :func:`capo_verl.compare.running.share_step0`)."""
+    return ["++trainer.val_before_train=false"] if args.share_step0 else []
 
 
 def _overrides(args: argparse.Namespace, extra_overrides: list[str] = ()) -> tuple[list[str], Path | None, bool]:
@@ -324,6 +351,7 @@ def seed_plan(plan: Plan, args: argparse.Namespace, seed: int) -> Plan:
         overrides=overrides,
         settings=settings(plan.settings),
         method_settings={m: settings(s) for m, s in plan.method_settings.items()},
+        step0_settings=None if plan.step0_settings is None else settings(plan.step0_settings),
     )
 
 
@@ -390,13 +418,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     out = Path(args.out).expanduser().resolve()
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise UsageError(f"--seeds lists a seed more than once: {_seeds_text(args.seeds)}")
-    if args.prepare_only and args.plot_only:
-        raise UsageError("--prepare-only and --plot-only: give one of them")
-    if args.share_step0 and (args.seeds is None or len(args.methods) < 2):
-        raise UsageError(
-            "--share-step0 shares the first method's step-0 pass between the methods of a seed: it needs --seeds K "
-            "and two or more --methods"
-        )
+    only = [flag for flag in ("prepare_only", "plot_only", "step0_only") if getattr(args, flag)]
+    if len(only) > 1:
+        raise UsageError(f"{' and '.join('--' + f.replace('_', '-') for f in only)}: give one of them")
+    if args.share_step0 and args.seeds is None:
+        raise UsageError("--share-step0 validates the base model once per seed for every method: it needs --seeds K")
+    if args.step0_only and not args.share_step0:
+        raise UsageError("--step0-only makes each seed's shared step-0 pass: add --share-step0 (and --seeds K)")
     study = _check_plan(args)
     if args.plot_only:
         return _plot_only(out, args, study)
@@ -405,6 +433,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     plan = make_plan(args)  # every method's config composed and checked once; the seeds' plans follow from it
     plans = {k: plan if k is None else seed_plan(plan, args, k) for k in units}
     eval_k = args.eval_k if not args.no_eval and plan.data_dir is not None else None
+    for k, folder in units.items():
+        if plans[k].step0_settings is not None:  # the seed's step-0 pass: validated, no checkpoints, no evaluation
+            check_method_dir(folder / STEP0_DIR, plans[k].step0_settings, None)
     if args.seeds is not None:  # the top folder holds the seed folders: marked with what every seed shares
         prepare_out(out, {**plan.settings, "layout": "seeds"}, {}, eval_k=None, reuse=args.reuse_out)
     for k, folder in units.items():
@@ -432,8 +463,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
             file=sys.stderr,
         )
         return commands.INTERRUPTED
-    if args.prepare_only:
+    if args.prepare_only or args.step0_only:
         made = "data, model and teacher-forced pool" if args.teacher_forced is not None else "data and model"
+        made += ", each seed's step-0 pass" if args.step0_only else ""
         print(f"[compare] prepared {out}: {made}; nothing trained", flush=True)
         return 0
     _summarize(out, args, study)
@@ -441,8 +473,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, units: dict, eval_k: int | None) -> None:
-    """Write the data, then per seed: train every method, score its checkpoints (``--teacher-forced``), generate on
-    the held-out set, and write the seed's report.
+    """Write the data, then per seed: validate the base model once (``--share-step0``; all with ``--step0-only``),
+    train every method, score its checkpoints (``--teacher-forced``), generate on the held-out set, and write the
+    seed's report.
 
     Raises:
         RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError: a step failed.
@@ -470,17 +503,26 @@ def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, u
     for k, folder in units.items():
         if k is not None:
             print(f"[compare] seed {k}: {folder}", flush=True)
+        step0 = folder / STEP0_DIR
+        if args.share_step0:  # the seed's step-0 pass, made once: its overrides last, so that none undoes them
+            overrides = plans[k].overrides + list(STEP0_OVERRIDES)
+            settings = plans[k].step0_settings
+            run_method(
+                args.methods[0], folder, args.config, plans[k].config_dir, overrides, settings=settings, name=STEP0_DIR
+            )
+        if args.step0_only:
+            continue
         for m in args.methods:
             shared = share_step0_overrides(args, m)
-            if shared:  # the first method's step-0 pass must be there before this one trains without its own
-                check_step0_source(folder / args.methods[0], folder / m)
+            if shared:  # the seed's step-0 pass must be there before a method trains without its own
+                check_step0_source(step0, folder / m)
             # after the shared overrides, so that none of them undoes it
             overrides = plans[k].overrides + shared
             run_dir = run_method(
                 m, folder, args.config, plans[k].config_dir, overrides, settings=plans[k].method_settings[m]
             )
             if shared:
-                share_step0(folder / args.methods[0], run_dir)
+                share_step0(step0, run_dir)
             # everything that needs the run's checkpoints, now: its small outputs are then complete without them
             if pool_dir is not None:
                 teacher_forced.score_run(run_dir, pool_dir, val_data, tokenizer=plan.model_path)

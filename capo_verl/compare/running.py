@@ -114,9 +114,17 @@ def final_step(settings: dict) -> int | None:
 
 
 def run_method(
-    method: str, out: Path, config_name: str, config_dir: Path, overrides: list[str], *, settings: dict
+    method: str,
+    out: Path,
+    config_name: str,
+    config_dir: Path,
+    overrides: list[str],
+    *,
+    settings: dict,
+    name: str | None = None,
 ) -> Path:
-    """Train one method in ``<out>/<method>``; returns that folder.
+    """Train one method in ``<out>/<method>`` (``<out>/<name>`` with ``name``: the seed's step-0 pass,
+    :data:`STEP0_DIR`); returns that folder.
 
     A folder with ``done.json`` is reused as it is (its settings are checked by
     :func:`capo_verl.compare.outdir.check_method_dir` beforehand). An unfinished one that compare made (it holds
@@ -133,19 +141,21 @@ def run_method(
     """
     from capo_verl.compare.outdir import check_method_dir, last_checkpoint
 
-    run_dir = out / method
+    run_dir = out / (name or method)
     done = run_dir / "done.json"
     if done.exists():
-        logger.info("%s: finished earlier (%s), not trained again", method, done)
+        logger.info("%s: finished earlier (%s), not trained again", run_dir.name, done)
         return run_dir
     if run_dir.exists():
         if not (run_dir / RUN_MARKER).is_file():
             raise RuntimeError(f"{run_dir} exists and was not made by capo-verl compare (no {RUN_MARKER}): not touched")
         if check_method_dir(run_dir, settings, None) == "resume":
             _merge_attempt_metrics(run_dir)
-            logger.info("%s: resuming from the checkpoint of step %s", method, last_checkpoint(run_dir))
+            logger.info("%s: resuming from the checkpoint of step %s", run_dir.name, last_checkpoint(run_dir))
         else:
-            logger.info("%s: an unfinished run without a checkpoint in %s: deleted, trained again", method, run_dir)
+            logger.info(
+                "%s: an unfinished run without a checkpoint in %s: deleted, trained again", run_dir.name, run_dir
+            )
             shutil.rmtree(run_dir)
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
@@ -159,9 +169,10 @@ def run_method(
         # is, verl 0.9.1 trains nothing and skips that validation (tests/test_stop_resume.py); validating the
         # loaded step and returning (val_only) is what is left of the run
         run_cmd = [*cmd, "++trainer.val_only=true", "++trainer.val_before_train=true"]
-        logger.info("%s: step %s is its last: only its validation is left", method, start_step)
+        logger.info("%s: step %s is its last: only its validation is left", run_dir.name, start_step)
     log_path = run_dir / "train.log"
-    logger.info("%s: training (%s); log %s", method, METHODS[method].description, log_path)
+    what = METHODS[method].description if name is None else f"the base model's validation with {method}'s config"
+    logger.info("%s: training (%s); log %s", run_dir.name, what, log_path)
     t0 = time.time()
     returncode = None  # stays None when the launch raises (Ctrl-C): recorded as such in the attempt
     try:
@@ -186,7 +197,8 @@ def run_method(
     if returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise RuntimeError(
-            f"{method}: verl's trainer exited with {returncode} after {wall:.0f} s; log {log_path}; last lines:\n{tail}"
+            f"{run_dir.name}: verl's trainer exited with {returncode} after {wall:.0f} s; log {log_path}; last "
+            f"lines:\n{tail}"
         )
     attempts = [json.loads(line) for line in (run_dir / ATTEMPTS).read_text().splitlines()]
     wall = sum(a["wall_s"] for a in attempts)
@@ -199,7 +211,7 @@ def run_method(
         "settings": settings,
     }
     done.write_text(json.dumps(record, indent=1) + "\n")
-    logger.info("%s: done in %.1f min", method, wall / 60)
+    logger.info("%s: done in %.1f min", run_dir.name, wall / 60)
     return run_dir
 
 
@@ -220,20 +232,25 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
     )
 
 
-#: marks a run's ``val_generations/0.jsonl`` as the first method's step-0 pass (``compare --share-step0``)
+#: marks a run's ``val_generations/0.jsonl`` as the seed's step-0 pass (``compare --share-step0``)
 SHARED_STEP0 = "0.shared.json"
+#: ``<out>/seed<k>/step0``: the seed's step-0 pass (``compare --share-step0``), which every method takes
+STEP0_DIR = "step0"
+#: the first method's trainer made into the seed's step-0 pass: it validates the base weights and trains nothing
+#: (verl 0.9.1 ``RayPPOTrainer.fit`` returns after that validation with ``val_only``; tests/test_step0_pass.py)
+STEP0_OVERRIDES = ("++trainer.val_before_train=true", "++trainer.val_only=true")
 
 
 def check_step0_source(base_dir: Path, run_dir: Path) -> None:
-    """Before a run that skips its own step-0 validation trains (``compare --share-step0``): the seed's first method
-    has its step-0 pass, and the run has none of its own unless it took the first method's.
+    """Before a run that skips its own step-0 validation trains (``compare --share-step0``): ``base_dir``, the
+    seed's step-0 pass (:data:`STEP0_DIR`), holds its dump, and the run has none of its own unless it took that one.
 
     Raises:
         RuntimeError: either is not so (nothing has trained yet for this run).
     """
     source = validation_dump(base_dir / "val_generations", 0)
     if not source.exists():
-        raise RuntimeError(f"{source}: the seed's first method has no step-0 validation pass to share")
+        raise RuntimeError(f"{source}: no step-0 validation pass to share")
     own = validation_dump(run_dir / "val_generations", 0)
     if own.exists() and not (own.parent / SHARED_STEP0).exists():
         raise RuntimeError(f"{own}: the run validated step 0 itself; it cannot also take {source}")
@@ -241,7 +258,7 @@ def check_step0_source(base_dir: Path, run_dir: Path) -> None:
 
 def share_step0(base_dir: Path, run_dir: Path) -> Path:
     """Give a run that did not validate before training (``trainer.val_before_train=false``) the step-0 pass of
-    ``base_dir``, the seed's first method: the same base weights, data and rollout seeds. Copies
+    ``base_dir``, the seed's step-0 pass (:data:`STEP0_DIR`): the same base weights, data and rollout seeds. Copies
     ``<base>/val_generations/0.jsonl`` (or its ``.gz``, as committed) to the same name under ``<run>`` and records
     where it came from, with its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`); nothing
     to do when both are there. Returns the copied file.
