@@ -5,24 +5,33 @@
 # the background, seed by seed, GRPO then CAPO, e.g.
 #   SEED=3 METHOD=grpo nohup bash benchmarks/results/compare_main_cpu/run_main.sh > ~/capo_main/run.log 2>&1 &
 #   SEED=3 METHOD=capo nohup bash benchmarks/results/compare_main_cpu/run_main.sh > ~/capo_main/run.log 2>&1 &
-# From seed 4 on, CAPO takes GRPO's step-0 validation pass (SHARE_STEP0=1, the plan's default after seed 3's check);
-# seed 3 validates step 0 under both methods. Before the first unit, METHOD=prepare writes the data and draws and
-# scores the teacher-forced pool that every unit shares, and trains nothing. Then copy the finished unit into the repository (checkpoints stay
-# behind, validation dumps compressed):
+# Each seed's step-0 validation pass is made once, before its units, and both units take it (--share-step0; the
+# plan's amendment of 2026-11-27):
+#   SEED=3 METHOD=step0 nohup bash benchmarks/results/compare_main_cpu/run_main.sh > ~/capo_main/run.log 2>&1 &
+# SHARE_STEP0=0 validates step 0 in every unit instead (the plan's rule if seed 3's check fails). Before the first
+# unit, METHOD=prepare writes the data and draws and scores the teacher-forced pool that every unit shares, and
+# trains nothing. Then copy the finished unit (or step-0 pass) into the repository (checkpoints stay behind,
+# validation dumps compressed):
 #   .venv/bin/python benchmarks/collect_compare.py --gzip-dumps ~/capo_main/out benchmarks/results/compare_main_cpu/units
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 root=${CAPO_MAIN_DIR:-$HOME/capo_main}
 commit=$(cat "$here/code_commit.txt")
-: "${SEED:?set SEED=k (one seed of plan.yaml: 3 to 12)}" "${METHOD:?set METHOD=prepare, grpo or capo}"
-share=${SHARE_STEP0:-$([ "$SEED" = 3 ] && echo 0 || echo 1)}
+: "${SEED:?set SEED=k (one seed of plan.yaml: 3 to 12)}" "${METHOD:?set METHOD=prepare, step0, grpo or capo}"
+share=${SHARE_STEP0:-1}
 case "$METHOD" in
   prepare) methods=(--methods grpo --prepare-only) ;;
+  step0) methods=(--methods grpo --step0-only) ;;
   grpo) methods=(--methods grpo) ;;
-  capo) methods=(--methods grpo capo --plan "$here/plan.yaml") ; [ "$share" = 1 ] && methods+=(--share-step0) ;;
-  *) echo "METHOD must be prepare, grpo or capo, got $METHOD" >&2; exit 2 ;;
+  capo) methods=(--methods grpo capo --plan "$here/plan.yaml") ;;
+  *) echo "METHOD must be prepare, step0, grpo or capo, got $METHOD" >&2; exit 2 ;;
 esac
+if [ "$METHOD" != prepare ] && [ "$share" = 1 ]; then
+  methods+=(--share-step0)
+elif [ "$METHOD" = step0 ]; then
+  echo "METHOD=step0 makes the shared step-0 pass: it needs SHARE_STEP0=1 (the default)" >&2; exit 2
+fi
 mkdir -p "$root"
 [ -d "$root/code/.git" ] || git clone -q "$repo" "$root/code"
 git -C "$root/code" fetch -q "$repo" main
