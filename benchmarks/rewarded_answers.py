@@ -10,6 +10,10 @@ echo of the question's expression, ``Answer: 12 + 5`` for 17) shows up as a risi
   reward pays nothing else, so anything below 1.000 is a grading fault;
 - ``states``: the share of the paid responses that state the calculation and its value (``a op b = v`` or
   ``a op b equals v``, any wording around it) rather than the bare value;
+- ``other``: the share of the paid responses that hold a number other than the prompt's (the operands) and the gold
+  answer (``gts``, else ``pred``), compared as values (``1,000`` = ``1000.0``): a wrong value before the paid one
+  (``70 - 30 is 50 ... 40``) is paid, since the reward grades the answer it extracts, so a rising share would be a
+  shortcut in the making;
 - the most common paid answers (``pred``) and the most common shapes of the paid responses, each number written
   ``N`` (``N + N = N``), with their counts.
 
@@ -41,6 +45,11 @@ def shape(text: str) -> str:
     return NUMBER.sub("N", " ".join(text.split()))
 
 
+def values(text: str) -> set[float]:
+    """The numbers in ``text`` as values (``'1,000 and 6.0'`` -> ``{1000.0, 6.0}``)."""
+    return {float(m.replace(",", "")) for m in NUMBER.findall(text)}
+
+
 def read_unit(path: Path) -> dict:
     """The counts of the module docstring for one validation dump.
 
@@ -56,16 +65,19 @@ def read_unit(path: Path) -> dict:
             raise ValueError(f"{path}: a line without 'output' and 'acc'/'score'; not a verl validation dump")
         n += 1
         if float(row["acc"] if "acc" in row else row["score"]) > 0.5:
-            paid.append((str(row.get("pred", "")), str(row["output"])))
+            pred, output = str(row.get("pred", "")), str(row["output"])
+            known = values(str(row.get("input", ""))) | values(str(row.get("gts", pred)))
+            paid.append((pred, output, bool(values(output) - known)))
     k = len(paid)
     return {
         "n": n,
         "correct": k,
         "accuracy": k / n if n else float("nan"),
-        "plain": sum(bool(PLAIN.match(p.strip())) for p, _ in paid) / k if k else float("nan"),
-        "states": sum(bool(STATES.search(o)) for _, o in paid) / k if k else float("nan"),
-        "answers": Counter(p for p, _ in paid),
-        "shapes": Counter(shape(o) for _, o in paid),
+        "plain": sum(bool(PLAIN.match(p.strip())) for p, _, _ in paid) / k if k else float("nan"),
+        "states": sum(bool(STATES.search(o)) for _, o, _ in paid) / k if k else float("nan"),
+        "other": sum(other for _, _, other in paid) / k if k else float("nan"),
+        "answers": Counter(p for p, _, _ in paid),
+        "shapes": Counter(shape(o) for _, o, _ in paid),
     }
 
 
@@ -93,8 +105,8 @@ def report(folder: Path, step: int, top: int) -> str:
         "",
         f"`benchmarks/rewarded_answers.py {folder.name} --step {step}`: the validation responses the reward paid.",
         "",
-        "| unit | n | correct | accuracy | plain | states | top answers | top shapes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| unit | n | correct | accuracy | plain | states | other | top answers | top shapes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path in found:
         r = read_unit(path)
@@ -102,7 +114,7 @@ def report(folder: Path, step: int, top: int) -> str:
         shapes = ", ".join(f"`{s}` ({c})" for s, c in r["shapes"].most_common(top))
         lines.append(
             f"| {name} | {r['n']} | {r['correct']} | {r['accuracy']:.3f} | {r['plain']:.3f} | {r['states']:.3f} "
-            f"| {answers} | {shapes} |"
+            f"| {r['other']:.3f} | {answers} | {shapes} |"
         )
     return "\n".join(lines) + "\n"
 

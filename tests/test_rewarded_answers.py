@@ -13,6 +13,7 @@ from capo_verl.compare.report import read_validation_pass
 
 REPO = Path(__file__).resolve().parents[1]
 PILOT2 = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot"
+MAIN = REPO / "benchmarks" / "results" / "compare_main_cpu"
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +22,13 @@ def ra(load_benchmark):
 
 
 def _row(output, pred, acc):
-    return {"input": "q", "output": output, "gts": "70", "pred": pred, "acc": acc, "score": acc, "lpm": -0.1}
+    question = "system\nuser\nWhat is 48 + 22? Answer with the number only.\nassistant\n"
+    return {"input": question, "output": output, "gts": "70", "pred": pred, "acc": acc, "score": acc, "lpm": -0.1}
 
 
 ROWS = [
     _row("48 + 22 = 70", "70", 1.0),
-    _row("48 + 22 equals 70.", "70", 1.0),
+    _row("48 + 22 is 60, no: 48 + 22 equals 70.", "70", 1.0),  # 60 is neither an operand nor the gold
     _row("70", "70", 1.0),
     _row("48 + 22", "48 + 22", 0.0),
     _row("48 + 22 = 71", "71", 0.0),
@@ -48,10 +50,11 @@ def test_counts_on_a_hand_written_dump(ra, tmp_path, gz):
     assert r["accuracy"] == pytest.approx(0.6)
     assert r["plain"] == 1.0
     assert r["states"] == pytest.approx(2 / 3)  # the bare "70" states no calculation
+    assert r["other"] == pytest.approx(1 / 3)  # the 60 of the second; the unpaid "71" is not counted
     assert r["answers"] == {"70": 3}
-    assert r["shapes"] == {"N + N = N": 1, "N + N equals N.": 1, "N": 1}
+    assert r["shapes"] == {"N + N = N": 1, "N + N is N, no: N + N equals N.": 1, "N": 1}
     text = ra.report(tmp_path, 30, top=2)
-    assert "| seed3/grpo | 5 | 3 | 0.600 | 1.000 | 0.667 | `70` (3) |" in text
+    assert "| seed3/grpo | 5 | 3 | 0.600 | 1.000 | 0.667 | 0.333 | `70` (3) |" in text
 
 
 def test_an_unpaid_expression_is_not_plain_and_a_paid_one_would_be_counted(ra):
@@ -79,3 +82,17 @@ def test_pilot2_paid_only_plain_numbers_and_its_accuracy_is_the_dump_reader_s(ra
         assert r["n"] == sum(len(c) for c in vp.correct) == 2048
         assert r["accuracy"] == pytest.approx(float(np.mean(np.concatenate(vp.correct))))
         assert r["plain"] == 1.0  # the solving-only reward pays plain numbers only (pilot 2's page: no echo)
+        assert r["other"] < 0.01  # trained 30 steps, the paid responses hold no wrong value before the paid one
+
+
+def test_the_base_models_paid_responses_with_another_number(ra, tmp_path):
+    """The main run's base-model step-0 pass (GRPO seed 3's first start): of its 818 paid responses, 88 hold a number
+    that is neither an operand nor the gold, such as ``36 - 30 = 6\n36 - 0 = 6``; the base model, not a trained one,
+    writes them."""
+    unit = tmp_path / "seed3" / "grpo"
+    unit.parent.mkdir()
+    unit.symlink_to(MAIN / "units" / "failed" / "seed3_grpo_attempt1", target_is_directory=True)
+    [(name, path)] = ra.units(tmp_path, 0)
+    r = ra.read_unit(path)
+    assert (name, r["n"], r["correct"]) == ("seed3/grpo", 9280, 818)
+    assert r["other"] * r["correct"] == pytest.approx(88)
