@@ -69,6 +69,7 @@ __all__ = [
     "main",
     "check_out_dir",
     "check_out_file",
+    "folder_problem",
 ]
 
 #: exit status of a user's mistake (argparse's own, too)
@@ -298,8 +299,21 @@ def main(
 # ---------------------------------------------------------------------------------------- outputs, checked first
 
 
-def _dir_problem(folder: Path) -> str | None:
-    """Why files cannot be written in ``folder`` (created if missing, then removed again), or None."""
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why this process cannot write files in the folder ``path``, or None when it can.
+
+    The folder and its missing parents are made, a file is written in it and removed, and the folders made here are
+    removed again (deepest first, only while empty): nothing is left behind.
+
+    Args:
+        path: a local folder (``~`` expanded; relative to the current folder).
+
+    Returns:
+        None, or the reason as a predicate that reads after the path (``--out PATH is a file, not a folder``,
+        ``key=PATH: cannot be created or written (Permission denied)``): ``is a file, not a folder``, ``lies under
+        <file>, which is a file``, or ``cannot be created or written (<the operating system's error>)``.
+    """
+    folder = Path(os.path.expanduser(str(path)))
     missing: list[Path] = []
     probe = folder
     while not probe.exists() and probe.parent != probe:
@@ -341,7 +355,7 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
     if str(path) == "":
         raise UsageError(f"{option} is empty; name a folder")
     folder = Path(os.path.expanduser(str(path)))
-    problem = _dir_problem(folder)
+    problem = folder_problem(folder)
     if problem:
         raise UsageError(f"{option} {path} {problem}")
     return folder
@@ -373,7 +387,7 @@ def check_out_file(
         raise UsageError(f"{option} {path}: expected a {suffix} file name")
     if file.is_dir():
         raise UsageError(f"{option} {path} is a folder; name a file")
-    problem = _dir_problem(file.parent)
+    problem = folder_problem(file.parent)
     if problem:
         raise UsageError(f"{option} {path}: its folder {file.parent} {problem}")
     if file.exists() and not overwrite:

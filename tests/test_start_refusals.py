@@ -338,10 +338,13 @@ LATE = [
     (["trainer.device=tpu"], r"^trainer\.device=tpu: must be one of cuda, npu, cpu "),
     (["trainer.n_gpus_per_node=0"], r"^trainer\.n_gpus_per_node=0: must be an integer >= 1 "),
     (["trainer.nnodes=0"], r"^trainer\.nnodes=0: must be an integer >= 1 "),
-    (["trainer.default_local_dir=/proc/capo_ckpt"], r"^trainer\.default_local_dir=/proc/capo_ckpt: cannot create or "),
+    (
+        ["trainer.default_local_dir=/proc/capo_ckpt"],
+        r"^trainer\.default_local_dir=/proc/capo_ckpt: cannot be created or ",
+    ),
     (["trainer.default_local_dir="], r"^trainer\.default_local_dir=: must be the path of a folder; "),
-    (["+trainer.validation_data_dir=/proc/v"], r"^trainer\.validation_data_dir=/proc/v: cannot create or write in it"),
-    (["+trainer.rollout_data_dir=/proc/r"], r"^trainer\.rollout_data_dir=/proc/r: cannot create or write in it"),
+    (["+trainer.validation_data_dir=/proc/v"], r"^trainer\.validation_data_dir=/proc/v: cannot be created or written"),
+    (["+trainer.rollout_data_dir=/proc/r"], r"^trainer\.rollout_data_dir=/proc/r: cannot be created or written"),
 ]
 
 
@@ -384,7 +387,7 @@ def test_cuda_is_refused_on_a_machine_without_it_only_for_this_machine(main_job,
 def test_a_file_in_the_way_of_the_checkpoint_folder(main_job, tmp_path):
     (tmp_path / "afile").write_text("x")
     message = refusal(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt")
-    assert message.startswith(f"trainer.default_local_dir={tmp_path}/afile/ckpt: {tmp_path}/afile is a file, not a")
+    assert message.startswith(f"trainer.default_local_dir={tmp_path}/afile/ckpt: lies under {tmp_path}/afile, which")
     [fix] = fixes(message)
     check(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt", fix)
 
@@ -399,10 +402,11 @@ def test_the_write_check_leaves_nothing_behind(main_job, tmp_path):
 
 
 def test_the_folder_check_names_the_reason():
-    from capo_verl.compat.run_checks import folder_problem
+    from capo_verl.commands import folder_problem
 
-    assert folder_problem("/proc/capo_x").startswith("cannot create or write in it (")
-    assert folder_problem("/dev/null/x") == "/dev/null is a file, not a folder"
+    assert folder_problem("/proc/capo_x").startswith("cannot be created or written (")
+    assert folder_problem("/dev/null/x") == "lies under /dev/null, which is a file"
+    assert folder_problem("/dev/null") == "is a file, not a folder"
 
 
 def test_rays_folder_must_be_writable(tmp_path):
@@ -411,9 +415,9 @@ def test_rays_folder_must_be_writable(tmp_path):
     assert ray_folder_problem({"TMPDIR": str(tmp_path)}) is None
     message = ray_folder_problem({"RAY_TMPDIR": "/proc/ray"})
     assert (
-        message.startswith("RAY_TMPDIR=/proc/ray: cannot create or write in it (") and "export RAY_TMPDIR=" in message
+        message.startswith("RAY_TMPDIR=/proc/ray: cannot be created or written (") and "export RAY_TMPDIR=" in message
     )
-    assert ray_folder_problem({"TMPDIR": "/proc/t"}).startswith("TMPDIR=/proc/t: cannot create")
+    assert ray_folder_problem({"TMPDIR": "/proc/t"}).startswith("TMPDIR=/proc/t: cannot be created")
     assert ray_folder_problem({"RAY_TMPDIR": "/proc/ray", "RAY_ADDRESS": "auto"}) is None  # the cluster's folder
     with launch_script_files():  # the launcher falls back to /tmp when TMPDIR cannot take its Ray folder
         assert ray_folder_problem({"TMPDIR": "/proc/t"}) is None

@@ -40,11 +40,11 @@ What is checked, and where verl 0.9.1 would otherwise fail (``verl/trainer/ppo/v
   a boolean ``trainer.val_before_train``, ``trainer.device`` and ``actor_rollout_ref.rollout.name`` this machine can
   run, and the rollout's log-probs and >= 2 validation samples when the ``val-calib/*`` metrics are required.
 - in the trainer's process and a ``--dry-run`` only (:func:`data_files_checked`), the file system: every folder the
-  run writes (checkpoints, validation and rollout dumps; :func:`folder_problem` makes, writes in and removes each)
-  and Ray's session folder (:func:`ray_folder_problem`); a local ``actor_rollout_ref.model.path``; and the data as
-  verl's ``RLHFDataset`` will read it: readable files, the prompt and reward columns, and at least a batch of
-  training rows (a validation row) left after verl's own filters, built with verl's ``create_rl_dataset`` over the
-  head of each set with the model's tokenizer (:func:`_check_data_sets`).
+  run writes (checkpoints, validation and rollout dumps; :func:`capo_verl.commands.folder_problem` makes, writes in
+  and removes each) and Ray's session folder (:func:`ray_folder_problem`); a local ``actor_rollout_ref.model.path``;
+  and the data as verl's ``RLHFDataset`` will read it: readable files, the prompt and reward columns, and at least a
+  batch of training rows (a validation row) left after verl's own filters, built with verl's ``create_rl_dataset``
+  over the head of each set with the model's tokenizer (:func:`_check_data_sets`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from collections.abc import Iterable
 
 from omegaconf.errors import OmegaConfBaseException
 
+from capo_verl.commands import folder_problem
+
 __all__ = [
     "MISSING",
     "batch_problem",
@@ -69,7 +71,6 @@ __all__ = [
     "data_files_checked",
     "earlier_value",
     "expected_files",
-    "folder_problem",
     "launch_script_files",
     "override",
     "ray_folder_problem",
@@ -612,43 +613,6 @@ OUTPUT_FOLDERS = (
     ("trainer.validation_data_dir", "validation generations there at the first validation, after the model loaded"),
     ("trainer.rollout_data_dir", "rollout dumps there after the first rollout, after the model loaded"),
 )
-
-
-def folder_problem(path: str) -> str | None:
-    """Why this process cannot write in the folder ``path``, or None when it can.
-
-    The folder and its missing parents are made, a file is written in it and removed, and the folders made here are
-    removed again: nothing is left behind.
-
-    Args:
-        path: a local folder path (``~`` expanded; relative to the current folder).
-
-    Returns:
-        None, or the reason as a phrase (a file in the way, or the operating system's error).
-    """
-    path = os.path.abspath(os.path.expanduser(path))
-    made: list[str] = []
-    probe = path
-    while not os.path.isdir(probe):
-        if os.path.exists(probe):
-            return f"{probe} is a file, not a folder"
-        made.append(probe)
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".capo-verl-write-check-", dir=path)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        return f"cannot create or write in it ({exc.strerror or exc})"
-    finally:
-        for folder in made:  # deepest first; only the folders made here, and only while empty
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-    return None
 
 
 def _checkpoint_fix(config) -> str:
