@@ -48,7 +48,12 @@ def compare(a: Path, b: Path) -> dict:
     dumps = [validation_dump(Path(run) / "val_generations", 0) for run in (a, b)]
     for dump in dumps:
         if not dump.exists():
-            raise FileNotFoundError(f"{dump}: no step-0 validation pass (val_generations/0.jsonl[.gz])")
+            raise FileNotFoundError(
+                f"{dump}: no step-0 validation pass (val_generations/0.jsonl[.gz]). A seed's pass is made by "
+                "`capo-verl compare --share-step0 --step0-only` (for the main run: SEED=k METHOD=step0 bash "
+                "benchmarks/results/compare_main_cpu/run_main.sh); a training run makes one with "
+                "trainer.val_before_train=true"
+            )
     ma, mb = (_matched(d) for d in dumps)
     diffs = [
         abs(x - y) for key in ma.keys() & mb.keys() if len(ma[key]) == len(mb[key]) for x, y in zip(ma[key], mb[key])

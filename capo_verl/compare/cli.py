@@ -261,7 +261,7 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
         settings["teacher_forced"] = args.teacher_forced
     method_settings = {}  # --share-step0 is recorded in the methods' own overrides, not in what every seed shares
     for m in args.methods:
-        own = list(METHODS[m].overrides) + share_step0_overrides(args, m)
+        own = list(METHODS[m].overrides) + share_step0_overrides(args)
         cfg = checked_config(f"method {m}", args.config, config_dir, own + overrides)
         method_settings[m] = {**settings, "method": m, "method_overrides": own, "composed": as_record(cfg)}
     step0_settings = None
@@ -292,9 +292,9 @@ def make_plan(args: argparse.Namespace, extra_overrides: list[str] = ()) -> Plan
     )
 
 
-def share_step0_overrides(args: argparse.Namespace, method: str) -> list[str]:
-    """``method``'s own overrides for ``--share-step0``: every method skips the validation before training (it
-    takes the seed's step-0 pass, :func:`capo_verl.compare.running.share_step0`)."""
+def share_step0_overrides(args: argparse.Namespace) -> list[str]:
+    """Every method's own overrides for ``--share-step0``: it skips the validation before training (it takes the
+    seed's step-0 pass, :func:`capo_verl.compare.running.share_step0`)."""
     return ["++trainer.val_before_train=false"] if args.share_step0 else []
 
 
@@ -513,7 +513,7 @@ def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, u
         if args.step0_only:
             continue
         for m in args.methods:
-            shared = share_step0_overrides(args, m)
+            shared = share_step0_overrides(args)
             if shared:  # the seed's step-0 pass must be there before a method trains without its own
                 check_step0_source(step0, folder / m)
             # after the shared overrides, so that none of them undoes it

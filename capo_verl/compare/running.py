@@ -113,6 +113,12 @@ def final_step(settings: dict) -> int | None:
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
+#: the first method's trainer made into the seed's step-0 pass: it validates the loaded weights (the base model's)
+#: and trains nothing (verl 0.9.1 ``RayPPOTrainer.fit`` returns after that validation with ``val_only``;
+#: tests/test_step0_pass.py); also what is left of a run stopped after its last checkpoint (:func:`run_method`)
+STEP0_OVERRIDES = ("++trainer.val_before_train=true", "++trainer.val_only=true")
+
+
 def run_method(
     method: str,
     out: Path,
@@ -167,8 +173,8 @@ def run_method(
     if start_step and final is not None and start_step >= final:
         # stopped after its last checkpoint, before (or during) the validation after the last step: resumed as it
         # is, verl 0.9.1 trains nothing and skips that validation (tests/test_stop_resume.py); validating the
-        # loaded step and returning (val_only) is what is left of the run
-        run_cmd = [*cmd, "++trainer.val_only=true", "++trainer.val_before_train=true"]
+        # loaded step and returning (val_only, as the step-0 pass does) is what is left of the run
+        run_cmd = [*cmd, *STEP0_OVERRIDES]
         logger.info("%s: step %s is its last: only its validation is left", run_dir.name, start_step)
     log_path = run_dir / "train.log"
     what = METHODS[method].description if name is None else f"the base model's validation with {method}'s config"
@@ -236,9 +242,6 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
 SHARED_STEP0 = "0.shared.json"
 #: ``<out>/seed<k>/step0``: the seed's step-0 pass (``compare --share-step0``), which every method takes
 STEP0_DIR = "step0"
-#: the first method's trainer made into the seed's step-0 pass: it validates the base weights and trains nothing
-#: (verl 0.9.1 ``RayPPOTrainer.fit`` returns after that validation with ``val_only``; tests/test_step0_pass.py)
-STEP0_OVERRIDES = ("++trainer.val_before_train=true", "++trainer.val_only=true")
 
 
 def check_step0_source(base_dir: Path, run_dir: Path) -> None:
