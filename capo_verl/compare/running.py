@@ -177,8 +177,10 @@ def run_method(
         run_cmd = [*cmd, *STEP0_OVERRIDES]
         logger.info("%s: step %s is its last: only its validation is left", run_dir.name, start_step)
     log_path = run_dir / "train.log"
-    what = METHODS[method].description if name is None else f"the base model's validation with {method}'s config"
-    logger.info("%s: training (%s); log %s", run_dir.name, what, log_path)
+    if name is None:
+        logger.info("%s: training (%s); log %s", run_dir.name, METHODS[method].description, log_path)
+    else:
+        logger.info("%s: validating the base model with %s's config; log %s", run_dir.name, method, log_path)
     t0 = time.time()
     returncode = None  # stays None when the launch raises (Ctrl-C): recorded as such in the attempt
     try:
