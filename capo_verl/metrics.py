@@ -12,6 +12,8 @@ Everything here is vectorised numpy in float64: O(n log n) time, O(n) memory, no
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["per_group_auc", "auc_mean", "capo_step_metrics"]
@@ -79,11 +81,14 @@ def auc_mean(scores, correct, group) -> tuple[float, int]:
 
     Returns:
         ``(auc_mean, n_mixed)``: float (NaN when no group is mixed) and the number of mixed groups.
+        The sum is exactly rounded (``math.fsum``), so the value does not depend on the order of the
+        group ids: verl's ``uid`` is a random uuid, and two runs with the same responses must agree to
+        the last bit.
     """
     auc, _ = per_group_auc(scores, correct, group)
     mixed = ~np.isnan(auc)
     n_mixed = int(mixed.sum())
-    return (float(auc[mixed].mean()) if n_mixed else float("nan")), n_mixed
+    return (math.fsum(auc[mixed]) / n_mixed if n_mixed else float("nan")), n_mixed
 
 
 def capo_step_metrics(
