@@ -31,6 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from capo_verl.compare.report import dump_lines
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -74,7 +76,7 @@ def validation_pass(workdir: Path, name: str, max_num_seqs: int, data_dir: Path,
 def responses(path: Path) -> dict[str, Counter]:
     """``{question: Counter(response texts)}`` of a validation dump."""
     out: dict[str, Counter] = {}
-    for line in path.read_text().splitlines():
+    for line in dump_lines(path):
         if line.strip():
             row = json.loads(line)
             out.setdefault(str(row["input"]), Counter())[str(row["output"])] += 1

@@ -964,3 +964,29 @@ def test_a_gzip_compressed_dump_reads_as_the_plain_one(tmp_path):
             assert a.questions == b.questions
             assert all(np.array_equal(x, y) for x, y in zip(a.lpm, b.lpm))
     assert step0_agreement(tmp_path, ["grpo", "capo"], [0]) == {"capo - grpo": [1.0]}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz):
+    """verl dumps with ``ensure_ascii=False``, so U+2028, U+2029 and U+0085 reach the file unescaped; a JSON line
+    ends only at ``\\n`` (``str.splitlines`` cut such a line in two and the summary stopped with a JSONDecodeError)."""
+    import gzip
+
+    from capo_verl.compare.report import dump_lines, read_validation_pass
+
+    rows = [
+        {"input": "q1", "output": "6 + 32 = 22 +\u20283 = 25.", "score": 0.0, "lpm": -1.5},
+        {"input": "q1", "output": "2 + 2 = 4\u2029", "score": 1.0, "lpm": -0.5},
+        {"input": "q2", "output": "\x85 10", "score": 1.0, "lpm": -0.25},
+        {"input": "q2", "output": "ten\r\nthen 11", "score": 0.0, "lpm": -2.0},
+    ]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    assert "\u2028" in text and len(text.splitlines()) > len(rows)  # what broke the old reader
+    path = tmp_path / ("0.jsonl.gz" if gz else "0.jsonl")
+    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+
+    assert [json.loads(line) for line in dump_lines(path) if line.strip()] == rows
+    vp = read_validation_pass(path)
+    assert vp.questions == ["q1", "q2"]
+    assert [list(x) for x in vp.lpm] == [[-1.5, -0.5], [-0.25, -2.0]]
+    assert [list(x) for x in vp.correct] == [[False, True], [True, False]]

@@ -37,13 +37,19 @@ def validation_dump(folder: Path, step: int) -> Path:
 
 
 def dump_lines(path: Path) -> list[str]:
-    """The lines of a validation dump, plain or gzip-compressed (``.gz``)."""
+    """The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
+    gzip-compressed (``.gz``), split at ``"\n"`` only.
+
+    verl writes its dumps with ``json.dumps(..., ensure_ascii=False)`` (verl 0.9.1 ``trainer/ppo/ray_trainer.py``,
+    ``_write_generations``), so a response may hold U+2028, U+2029 or U+0085 unescaped: ``str.splitlines`` would cut
+    such a line in two.
+    """
     if path.suffix == ".gz":
         import gzip
 
-        with gzip.open(path, "rt") as f:
-            return f.read().splitlines()
-    return path.read_text().splitlines()
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read().split("\n")
+    return path.read_text(encoding="utf-8").split("\n")
 
 
 def read_validation_pass(path: Path) -> ValidationPass:
@@ -85,7 +91,7 @@ def read_metrics(path: Path) -> dict[int, dict]:
     steps: dict[int, dict] = {}
     if not path.exists():
         return steps
-    for line in path.read_text().splitlines():
+    for line in dump_lines(path):
         if line.strip():
             record = json.loads(line)
             steps.setdefault(int(record["step"]), {}).update(record["data"])

@@ -364,7 +364,7 @@ def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | No
         return None
     per_run, questions, n_min = {}, None, None
     for key, path in files.items():
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in dump_lines(path) if line.strip()]
         group = question_keys(lines)
         qs, counts = np.unique(group, return_counts=True)
         if questions is None:
