@@ -990,3 +990,12 @@ def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz)
     assert vp.questions == ["q1", "q2"]
     assert [list(x) for x in vp.lpm] == [[-1.5, -0.5], [-0.25, -2.0]]
     assert [list(x) for x in vp.correct] == [[False, True], [True, False]]
+
+
+def test_main_run_seed4_step0_pass_reads_all_its_responses():
+    """The main run's seed-4 step-0 dump holds one response with U+2028 (line 1818): all 580 x 16 samples read."""
+    from capo_verl.compare.report import read_validation_pass
+
+    dump = REPO / "benchmarks/results/compare_main_cpu/units/seed4/step0/val_generations/0.jsonl.gz"
+    vp = read_validation_pass(dump)
+    assert len(vp.questions) == 580 and sum(len(x) for x in vp.lpm) == 9280
