@@ -37,12 +37,21 @@ def validation_dump(folder: Path, step: int) -> Path:
 
 
 def dump_lines(path: Path) -> list[str]:
-    """The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
+    r"""The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
     gzip-compressed (``.gz``), split at ``"\n"`` only.
 
     verl writes its dumps with ``json.dumps(..., ensure_ascii=False)`` (verl 0.9.1 ``trainer/ppo/ray_trainer.py``,
     ``_write_generations``), so a response may hold U+2028, U+2029 or U+0085 unescaped: ``str.splitlines`` would cut
     such a line in two.
+
+    Returns:
+        The file's lines without their ``"\n"``; the last one is ``""`` when the file ends with ``"\n"`` (callers
+        skip blank lines).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        UnicodeDecodeError: the text is not UTF-8.
+        gzip.BadGzipFile: a ``.gz`` file that is not gzip; ``EOFError``: one cut short.
     """
     if path.suffix == ".gz":
         import gzip
