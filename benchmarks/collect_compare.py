@@ -8,16 +8,31 @@ the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) 
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
 With ``--gzip-dumps``, each validation dump ``val_generations/<step>.jsonl`` is stored as ``<step>.jsonl.gz``
 (gzip, no timestamp: the same dump gives the same bytes), which ``capo-verl compare`` reads as it is.
+The seeds summary at the top of SRC (``seeds_summary.json``/``.md``, ``seeds_curves.png``) is copied only when it
+compares two or more methods: a call that trains or plots one method (``--methods grpo``) writes a one-method summary
+there, which would replace the last comparison's; it is listed as left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 from pathlib import Path
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
+SUMMARY_FILES = {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"}
+
+
+def _one_method_summary(src: Path) -> bool:
+    """True if ``src/seeds_summary.json`` exists and names fewer than two ``methods``.
+
+    Raises:
+        json.JSONDecodeError, KeyError: the file is not a ``capo-verl compare --seeds`` summary.
+    """
+    path = src / "seeds_summary.json"
+    return path.exists() and len(json.loads(path.read_text())["methods"]) < 2
 
 
 def _unit_of(src: Path, rel: Path) -> Path | None:
@@ -41,14 +56,19 @@ def _gzip_dump(path: Path, target: Path) -> bool:
 
 
 def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) -> tuple[list[Path], list[Path]]:
-    """Copy as described in the module doc; returns ``(copied, left out for size)`` relative paths."""
-    copied, too_big = [], []
+    """Copy as described in the module doc; returns ``(copied, left out)`` relative paths, left out for size or
+    as a one-method seeds summary."""
+    copied, left_out = [], []
+    one_method = _one_method_summary(src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or SKIP_DIRS & set(rel.parts[:-1]):
             continue
         name = path.name
         if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
+            continue
+        if one_method and len(rel.parts) == 1 and name in SUMMARY_FILES:
+            left_out.append(rel)
             continue
         unit = _unit_of(src, rel)
         if (
@@ -66,7 +86,7 @@ def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) 
                 copied.append(rel.with_name(name + ".gz"))
             continue
         if path.stat().st_size > max_bytes:
-            too_big.append(rel)
+            left_out.append(rel)
             continue
         target = dest / rel
         if (
@@ -78,7 +98,7 @@ def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) 
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
         copied.append(rel)
-    return copied, too_big
+    return copied, left_out
 
 
 def main() -> None:
@@ -88,13 +108,18 @@ def main() -> None:
     p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
     p.add_argument("--gzip-dumps", action="store_true", help="store validation dumps as <step>.jsonl.gz")
     args = p.parse_args()
-    copied, too_big = collect(
+    copied, left_out = collect(
         args.src.expanduser(), args.dest, max_bytes=int(args.max_mb * 2**20), gzip_dumps=args.gzip_dumps
     )
     for rel in copied:
         print(f"copied {rel}")
-    for rel in too_big:
-        print(f"left out (over {args.max_mb} MB): {rel}")
+    for rel in left_out:
+        why = (
+            "a one-method seeds summary"
+            if rel.name in SUMMARY_FILES and len(rel.parts) == 1
+            else f"over {args.max_mb} MB"
+        )
+        print(f"left out ({why}): {rel}")
     print(f"{len(copied)} file(s) copied into {args.dest}")
 
 

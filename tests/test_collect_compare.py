@@ -1,0 +1,83 @@
+"""benchmarks/collect_compare.py: what is copied, what is left behind, and the seeds summary at the top of ``out/``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def cc(load_benchmark):
+    return load_benchmark("collect_compare")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _out(tmp_path: Path, methods: list[str]) -> Path:
+    """A compare ``--out`` folder: one finished unit, one under way, and a top-level summary of ``methods``."""
+    src = tmp_path / "out"
+    done = src / "seed3" / "grpo"
+    _write(done / ".capo-verl-run.json", "{}")
+    _write(done / "done.json", "{}")
+    _write(done / "metrics.jsonl", '{"step": 1}\n')
+    _write(done / "train.log", "log\n")
+    _write(done / "ckpt" / "global_step_30" / "model.pt", "weights")
+    _write(done / "val_generations" / "30.jsonl", '{"output": "1 + 1 = 2"}\n')
+    running = src / "seed3" / "capo"
+    _write(running / ".capo-verl-run.json", "{}")
+    _write(running / "attempts.jsonl", "{}\n")
+    _write(running / "metrics.jsonl", '{"step": 1}\n')
+    _write(src / "seeds_summary.json", json.dumps({"methods": methods, "seeds": [3]}))
+    _write(src / "seeds_summary.md", "summary\n")
+    _write(src / "seeds_curves.png", "png")
+    _write(src / "compare.json", "{}")
+    return src
+
+
+def test_two_method_summary_and_finished_unit_copied(cc, tmp_path):
+    src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
+    copied, left_out = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
+    assert sorted(map(str, copied)) == [
+        "compare.json",
+        "seed3/capo/.capo-verl-run.json",
+        "seed3/capo/attempts.jsonl",
+        "seed3/grpo/.capo-verl-run.json",
+        "seed3/grpo/done.json",
+        "seed3/grpo/metrics.jsonl",
+        "seed3/grpo/val_generations/30.jsonl.gz",
+        "seeds_curves.png",
+        "seeds_summary.json",
+        "seeds_summary.md",
+    ]
+    assert left_out == []
+    assert (
+        gzip.decompress((dest / "seed3/grpo/val_generations/30.jsonl.gz").read_bytes()) == b'{"output": "1 + 1 = 2"}\n'
+    )
+    assert cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True) == ([], [])  # rerun: nothing changed
+
+
+def test_one_method_summary_keeps_the_last_comparison(cc, tmp_path):
+    dest = tmp_path / "dest"
+    _write(dest / "seeds_summary.json", json.dumps({"methods": ["grpo", "capo"], "seeds": [3]}))
+    _write(dest / "seeds_summary.md", "pair\n")
+    src = _out(tmp_path, ["grpo"])
+    copied, left_out = cc.collect(src, dest, max_bytes=2**20)
+    assert sorted(map(str, left_out)) == ["seeds_curves.png", "seeds_summary.json", "seeds_summary.md"]
+    assert not {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"} & set(map(str, copied))
+    assert json.loads((dest / "seeds_summary.json").read_text())["methods"] == ["grpo", "capo"]
+    assert (dest / "seeds_summary.md").read_text() == "pair\n"
+    assert "seed3/grpo/val_generations/30.jsonl" in set(map(str, copied))  # no --gzip-dumps: copied as it is
+
+
+def test_size_limit_lists_the_file(cc, tmp_path):
+    src = _out(tmp_path, ["grpo", "capo"])
+    _write(src / "seed3" / "grpo" / "big.json", "x" * 2048)
+    copied, left_out = cc.collect(src, tmp_path / "dest", max_bytes=1024)
+    assert left_out == [Path("seed3/grpo/big.json")]
+    assert Path("seed3/grpo/big.json") not in copied
