@@ -2,7 +2,9 @@
 
 Tiers (markers registered in pyproject.toml): ``slow`` marks a test that launches verl's trainer
 (``python -m verl.trainer.main_ppo``) or a vLLM engine; every other test is the fast tier. The test command of
-README.md and .ci/run runs the fast tier first, then the slow one.
+README.md and .ci/run runs the fast tier first, then the slow one, each in two pytest-xdist workers (the slow tier
+keeps each test file on one worker): two trainer launches may run at once, so what a test checks of the machine
+(live processes, ``/dev/shm``) is its own run's, never the machine's whole state.
 
 The end-to-end harness: a tiny random Qwen2 model built offline (``capo_verl.models.tiny_model_checkpoint``, width
 128 = head_dim 32, the smallest vLLM's CPU attention takes; ``init_std`` 0.5 gives peaked next-token
@@ -201,9 +203,18 @@ def read_steps(path: Path) -> dict[int, dict]:
     return steps
 
 
-def new_shm_left(shm_before: set[str], t0: float) -> list[str]:
-    """``/dev/shm`` entries of :data:`SHM_PATTERNS` that appeared since ``shm_before`` (taken at ``t0``) and that no
-    live process maps: what a run left behind (another engineer's entries in use are not counted)."""
+def new_shm_left(shm_before: set[str], t0: float, settle_s: float = 5.0) -> list[str]:
+    """``/dev/shm`` entries of :data:`SHM_PATTERNS` that appeared since ``shm_before`` (taken at ``t0``), that no
+    live process maps and that are still there ``settle_s`` s later: what a run left behind. Another run's entries
+    in use are not counted, nor those it is removing as it ends (pytest-xdist runs two launches at once)."""
+    left = _new_unmapped_shm(shm_before, t0)
+    if left:
+        time.sleep(settle_s)
+        left = sorted(set(left) & set(_new_unmapped_shm(shm_before, t0)))
+    return left
+
+
+def _new_unmapped_shm(shm_before: set[str], t0: float) -> list[str]:
     new = {}
     for path in _shm_entries() - shm_before:
         try:
