@@ -23,6 +23,9 @@ from pathlib import Path
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
 SUMMARY_FILES = {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"}
+#: what is copied of a unit that has not finished (no ``done.json``)
+UNDER_WAY_FILES = {".capo-verl-run.json", "attempts.jsonl"}
+ONE_METHOD = "a one-method seeds summary"
 
 
 def _one_method_summary(src: Path) -> bool:
@@ -55,9 +58,11 @@ def _gzip_dump(path: Path, target: Path) -> bool:
     return True
 
 
-def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) -> tuple[list[Path], list[Path]]:
-    """Copy as described in the module doc; returns ``(copied, left out)`` relative paths, left out for size or
-    as a one-method seeds summary."""
+def collect(
+    src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False
+) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Copy as described in the module doc; returns the copied relative paths and the left-out ones, each with why
+    (:data:`ONE_METHOD`, or ``over N MB``)."""
     copied, left_out = [], []
     one_method = _one_method_summary(src)
     for path in sorted(src.rglob("*")):
@@ -68,25 +73,17 @@ def collect(src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False) 
         if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
             continue
         if one_method and len(rel.parts) == 1 and name in SUMMARY_FILES:
-            left_out.append(rel)
+            left_out.append((rel, ONE_METHOD))
             continue
         unit = _unit_of(src, rel)
-        if (
-            unit is not None
-            and not (src / unit / "done.json").exists()
-            and name
-            not in (
-                ".capo-verl-run.json",
-                "attempts.jsonl",
-            )
-        ):
+        if unit is not None and not (src / unit / "done.json").exists() and name not in UNDER_WAY_FILES:
             continue
         if gzip_dumps and rel.parent.name == "val_generations" and name.endswith(".jsonl"):
             if _gzip_dump(path, dest / rel.with_name(name + ".gz")):
                 copied.append(rel.with_name(name + ".gz"))
             continue
         if path.stat().st_size > max_bytes:
-            left_out.append(rel)
+            left_out.append((rel, f"over {max_bytes / 2**20:g} MB"))
             continue
         target = dest / rel
         if (
@@ -113,12 +110,7 @@ def main() -> None:
     )
     for rel in copied:
         print(f"copied {rel}")
-    for rel in left_out:
-        why = (
-            "a one-method seeds summary"
-            if rel.name in SUMMARY_FILES and len(rel.parts) == 1
-            else f"over {args.max_mb} MB"
-        )
+    for rel, why in left_out:
         print(f"left out ({why}): {rel}")
     print(f"{len(copied)} file(s) copied into {args.dest}")
 

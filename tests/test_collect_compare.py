@@ -68,7 +68,9 @@ def test_one_method_summary_keeps_the_last_comparison(cc, tmp_path):
     _write(dest / "seeds_summary.md", "pair\n")
     src = _out(tmp_path, ["grpo"])
     copied, left_out = cc.collect(src, dest, max_bytes=2**20)
-    assert sorted(map(str, left_out)) == ["seeds_curves.png", "seeds_summary.json", "seeds_summary.md"]
+    assert sorted((str(rel), why) for rel, why in left_out) == [
+        (name, "a one-method seeds summary") for name in ("seeds_curves.png", "seeds_summary.json", "seeds_summary.md")
+    ]
     assert not {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"} & set(map(str, copied))
     assert json.loads((dest / "seeds_summary.json").read_text())["methods"] == ["grpo", "capo"]
     assert (dest / "seeds_summary.md").read_text() == "pair\n"
@@ -77,7 +79,7 @@ def test_one_method_summary_keeps_the_last_comparison(cc, tmp_path):
 
 def test_size_limit_lists_the_file(cc, tmp_path):
     src = _out(tmp_path, ["grpo", "capo"])
-    _write(src / "seed3" / "grpo" / "big.json", "x" * 2048)
-    copied, left_out = cc.collect(src, tmp_path / "dest", max_bytes=1024)
-    assert left_out == [Path("seed3/grpo/big.json")]
+    _write(src / "seed3" / "grpo" / "big.json", "x" * (2**20 + 1))
+    copied, left_out = cc.collect(src, tmp_path / "dest", max_bytes=2**20)
+    assert left_out == [(Path("seed3/grpo/big.json"), "over 1 MB")]
     assert Path("seed3/grpo/big.json") not in copied
