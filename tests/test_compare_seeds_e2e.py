@@ -20,7 +20,7 @@ import pytest
 from capo_verl.compare.outdir import last_checkpoint
 from capo_verl.evaluation.teacher_forced import read_pool
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
@@ -54,7 +54,7 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
         "algorithm.capo.ref_high=4.0",
         "algorithm.capo.ref_low=4.0",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2200, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
 
     pool = read_pool(out / "teacher_forced" / "pool.jsonl")

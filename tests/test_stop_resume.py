@@ -18,7 +18,7 @@ import pytest
 
 from capo_verl.launch import run_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # up to 3 launches a test, beside another under -n 2
 
 #: the issue's bound: a stopped run is gone within about 30 s
 STOP_WITHIN_S = 30.0
