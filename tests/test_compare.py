@@ -860,6 +860,52 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
         )
 
 
+MAIN = REPO / "benchmarks" / "results" / "compare_main_cpu"
+
+
+def test_main_run_summary_regenerates_from_its_plan_file(tmp_path):
+    """The main run's committed seeds_summary.json (one pair's while units come in, the study's at the verdict)
+    regenerates from the committed unit files and the main run's plan file with the same numbers and readings; its
+    units are the plan's (580 questions x 16 samples, 30 steps, shared step-0 pass) and its seeds among the plan's."""
+    from capo_verl.compare.seeds import write_seeds_summary
+    from capo_verl.compare.verdict import load_plan
+
+    units = MAIN / "units"
+    committed = json.loads((units / "seeds_summary.json").read_text())
+    plan = load_plan(MAIN / "plan.yaml")
+    seeds = committed["seeds"]
+    assert set(seeds) <= set(plan.seeds) and committed["methods"] == list(plan.methods) == ["grpo", "capo"]
+    assert (committed["n_questions"], committed["samples"]) == (580, 16)
+    assert committed["steps"] == {m: [[0, 30]] * len(seeds) for m in plan.methods}
+    out = tmp_path / "units"
+    shutil.copytree(units / "teacher_forced", out / "teacher_forced")
+    for k in seeds:
+        for m in plan.methods:
+            shutil.copytree(units / f"seed{k}" / m, out / f"seed{k}" / m)
+    write_seeds_summary(out, list(plan.methods), seeds, plan=plan, n_boot=committed["n_boot"])
+    regenerated = json.loads((out / "seeds_summary.json").read_text())
+
+    old, new = _leaves(committed), _leaves(regenerated)
+    assert set(old) == set(new)
+    for key, value in old.items():
+        if isinstance(value, float):
+            assert new[key] == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), key
+        else:
+            assert new[key] == value, key
+    assert committed["plan"]["study"] == "the main run"
+    co = regenerated["co_primary"]["capo - grpo"]
+    assert set(co["endpoints"]) == {"calibration", "stability", "accuracy"}
+    # each seed's difference is the one its own report (seed<k>/summary.json, written by the unit's call) gives
+    for name, measure in (("auc_mean", "auc_mean"), ("accuracy", "accuracy")):
+        per_seed = regenerated["differences"]["capo - grpo"][name]["last"]["per_seed"]
+        for k, diff in zip(seeds, per_seed, strict=True):
+            report = json.loads((units / f"seed{k}" / "summary.json").read_text())["methods"]
+            last = {m: report[m]["passes"][-1] for m in plan.methods}
+            assert {p["step"] for p in last.values()} == {30}
+            assert diff == pytest.approx(last["capo"][measure] - last["grpo"][measure], abs=1e-12), (name, k)
+    assert (out / "seeds_summary.md").read_text() == (units / "seeds_summary.md").read_text()
+
+
 def test_a_plan_file_is_checked_and_each_fault_names_its_key(tmp_path):
     """Every fault of a plan file is one PlanError naming the file and the key; pilot 2's plan reads as written."""
     import yaml
