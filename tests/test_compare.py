@@ -809,6 +809,15 @@ def test_co_primary_readings_and_the_verdict_rule_by_hand():
     assert read_endpoint(None, ent, m="capo", base="grpo")["reading"] == NOT_MEASURED
 
 
+def _assert_same_leaves(old: dict, new: dict, keys) -> None:
+    """Every leaf of ``keys`` equal in both: floats to 1e-12 (NaN equal to NaN), anything else exactly."""
+    for key in keys:
+        if isinstance(old[key], float):
+            assert new[key] == pytest.approx(old[key], rel=1e-12, abs=1e-12, nan_ok=True), key
+        else:
+            assert new[key] == old[key], key
+
+
 def _leaves(x, path=""):
     """``{dotted path: leaf}`` of a JSON record (lists indexed)."""
     if isinstance(x, dict):
@@ -840,11 +849,7 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
         or k == ".samples"
         for k in gained
     ), sorted(gained)[:5]
-    for key in set(old) & set(new):
-        if isinstance(old[key], float):
-            assert new[key] == pytest.approx(old[key], rel=1e-12, abs=1e-12, nan_ok=True), key
-        else:
-            assert new[key] == old[key], key
+    _assert_same_leaves(old, new, set(old) & set(new))
     co = regenerated["co_primary"]["capo - grpo"]
     assert co["verdict"]["verdict"] == "no decision"
     assert co["endpoints"]["calibration"]["mean"] == pytest.approx(-0.005, abs=5e-4)
@@ -887,22 +892,20 @@ def test_main_run_summary_regenerates_from_its_plan_file(tmp_path):
 
     old, new = _leaves(committed), _leaves(regenerated)
     assert set(old) == set(new)
-    for key, value in old.items():
-        if isinstance(value, float):
-            assert new[key] == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), key
-        else:
-            assert new[key] == value, key
+    _assert_same_leaves(old, new, old)
     assert committed["plan"]["study"] == "the main run"
     co = regenerated["co_primary"]["capo - grpo"]
     assert set(co["endpoints"]) == {"calibration", "stability", "accuracy"}
     # each seed's difference is the one its own report (seed<k>/summary.json, written by the unit's call) gives
-    for name, measure in (("auc_mean", "auc_mean"), ("accuracy", "accuracy")):
-        per_seed = regenerated["differences"]["capo - grpo"][name]["last"]["per_seed"]
-        for k, diff in zip(seeds, per_seed, strict=True):
-            report = json.loads((units / f"seed{k}" / "summary.json").read_text())["methods"]
-            last = {m: report[m]["passes"][-1] for m in plan.methods}
-            assert {p["step"] for p in last.values()} == {30}
-            assert diff == pytest.approx(last["capo"][measure] - last["grpo"][measure], abs=1e-12), (name, k)
+    differences = regenerated["differences"]["capo - grpo"]
+    assert [len(differences[m]["last"]["per_seed"]) for m in ("auc_mean", "accuracy")] == [len(seeds)] * 2
+    for i, k in enumerate(seeds):
+        report = json.loads((units / f"seed{k}" / "summary.json").read_text())["methods"]
+        last = {m: report[m]["passes"][-1] for m in plan.methods}
+        assert {p["step"] for p in last.values()} == {30}
+        for measure in ("auc_mean", "accuracy"):
+            diff = differences[measure]["last"]["per_seed"][i]
+            assert diff == pytest.approx(last["capo"][measure] - last["grpo"][measure], abs=1e-12), (measure, k)
     assert (out / "seeds_summary.md").read_text() == (units / "seeds_summary.md").read_text()
 
 
