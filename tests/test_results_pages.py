@@ -1,0 +1,58 @@
+"""A study's result page quotes its summary: the co-primary table and the verdict of ``docs/results/<study>.md`` are
+``seeds_summary.json``'s numbers as written by ``capo-verl compare --seeds``, to the page's three decimals.
+
+The table rows are read by their first words (``calibration:``, ``stability:``, ``accuracy:``) and their columns
+are: per-seed differences, mean, 95% t-interval, reading, half-width, sd over seeds, seed pairs for the margin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# page -> the summary it quotes
+PAGES = {
+    "pilot2.md": REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot" / "seeds_summary.json",
+}
+
+
+def _per_seed(summary: dict, endpoint: str, pair: str = "capo - grpo") -> list[float]:
+    """The per-seed differences behind a co-primary endpoint, from the summary's own records."""
+    if endpoint == "stability":
+        return summary["secondary"]["entropy"]["rows"]["entropy"]["differences"][pair]["per_seed"]
+    measure = {"calibration": "auc_mean", "accuracy": "accuracy"}[endpoint]
+    return summary["differences"][pair][measure]["last"]["per_seed"]
+
+
+def _table_rows(page: str) -> dict[str, list[str]]:
+    """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped)."""
+    rows = {}
+    for line in page.splitlines():
+        m = re.match(r"\|\s*(calibration|stability|accuracy):", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")][1:]
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_co_primary_table_and_verdict_quote_the_summary(name):
+    page = (REPO / "docs" / "results" / name).read_text()
+    summary = json.loads(PAGES[name].read_text())
+    co = summary["co_primary"]["capo - grpo"]
+    rows = _table_rows(page)
+    assert set(rows) == set(co["endpoints"]), f"{name}: co-primary rows {sorted(rows)}"
+    for endpoint, cells in rows.items():
+        e = co["endpoints"][endpoint]
+        per_seed, mean, interval, reading, half_width, sd, needed = cells
+        assert per_seed == ", ".join(f"{x:+.3f}" for x in _per_seed(summary, endpoint)), (name, endpoint)
+        assert mean == f"{e['mean']:+.3f}", (name, endpoint)
+        assert interval == f"[{e['low']:+.3f}, {e['high']:+.3f}]", (name, endpoint)
+        assert reading == e["words"], (name, endpoint)
+        assert (half_width, sd) == (f"{e['half_width']:.3f}", f"{e['sd']:.3f}"), (name, endpoint)
+        assert needed == str(e["seeds_needed"]), (name, endpoint)
+    assert f"**Verdict by the plan's rule: {co['verdict']['verdict']}.**" in page, name
