@@ -1035,6 +1035,7 @@ def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz)
     path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
 
     assert [json.loads(line) for line in dump_lines(path) if line.strip()] == rows
+    assert dump_lines(str(path)) == dump_lines(path)  # a str path reads the same
     vp = read_validation_pass(path)
     assert vp.questions == ["q1", "q2"]
     assert [list(x) for x in vp.lpm] == [[-1.5, -0.5], [-0.25, -2.0]]

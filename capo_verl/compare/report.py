@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -36,9 +37,9 @@ def validation_dump(folder: Path, step: int) -> Path:
     return gz if gz.exists() and not plain.exists() else plain
 
 
-def dump_lines(path: Path) -> list[str]:
+def dump_lines(path: str | os.PathLike) -> list[str]:
     r"""The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
-    gzip-compressed (``.gz``), split at ``"\n"`` only.
+    gzip-compressed (``.gz``), split at ``"\n"`` only. ``path`` is a ``str`` or a path object.
 
     verl writes its dumps with ``json.dumps(..., ensure_ascii=False)`` (verl 0.9.1 ``trainer/ppo/ray_trainer.py``,
     ``_write_generations``), so a response may hold U+2028, U+2029 or U+0085 unescaped: ``str.splitlines`` would cut
@@ -53,6 +54,7 @@ def dump_lines(path: Path) -> list[str]:
         UnicodeDecodeError: the text is not UTF-8.
         gzip.BadGzipFile: a ``.gz`` file that is not gzip; ``EOFError``: one cut short.
     """
+    path = Path(path)
     if path.suffix == ".gz":
         import gzip
 
