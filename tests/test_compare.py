@@ -809,6 +809,34 @@ def test_co_primary_readings_and_the_verdict_rule_by_hand():
     assert read_endpoint(None, ent, m="capo", base="grpo")["reading"] == NOT_MEASURED
 
 
+def test_an_endpoint_reads_its_measures_record_and_a_missing_one_is_not_measured():
+    """Each measure's record is where capo_verl.compare.seeds writes it; pilot 2's summary without its entropy rows
+    reads the stability endpoint "not measured" and its other endpoints as before."""
+    import copy
+
+    from capo_verl.compare.verdict import MEASURES, NOT_MEASURED, co_primary, difference_record
+
+    summary = json.loads((PILOT2 / "pilot" / "seeds_summary.json").read_text())
+    pair = "capo - grpo"
+    assert difference_record(summary, "auc_mean", pair) is summary["differences"][pair]["auc_mean"]["last"]
+    assert difference_record(summary, "accuracy", pair) is summary["differences"][pair]["accuracy"]["last"]
+    entropy = summary["secondary"]["entropy"]["rows"]["entropy"]["differences"][pair]
+    assert difference_record(summary, "entropy", pair) is entropy
+    assert difference_record(summary, "auc_mean_both_mixed", pair) is None  # pilot 2 did not record it
+    assert difference_record(summary, "auc_mean", "cde - grpo") is None
+    with pytest.raises(KeyError):
+        difference_record(summary, "pass_at_k", pair)
+    assert set(MEASURES) == {"auc_mean", "accuracy", "auc_mean_both_mixed", "entropy"}
+
+    plan = _pilot2_plan()
+    assert co_primary(summary, plan)[pair]["endpoints"]["stability"]["mean"] == entropy["t_interval"]["mean"]
+    stripped = copy.deepcopy(summary)
+    del stripped["secondary"]["entropy"]
+    r = co_primary(stripped, plan)[pair]
+    assert r["endpoints"]["stability"]["reading"] == NOT_MEASURED
+    assert r["endpoints"]["calibration"] == co_primary(summary, plan)[pair]["endpoints"]["calibration"]
+
+
 def _assert_same_leaves(old: dict, new: dict, keys) -> None:
     """Every leaf of ``keys`` equal in both: floats to 1e-12 (NaN equal to NaN), anything else exactly."""
     for key in keys:

@@ -3,6 +3,7 @@
 
 The table rows are read by their first words (``calibration:``, ``stability:``, ``accuracy:``) and their columns
 are: per-seed differences, mean, 95% t-interval, reading, half-width, sd over seeds, seed pairs for the margin.
+What each endpoint measures is the study's plan file's (``endpoints.<name>.measure``).
 """
 
 from __future__ import annotations
@@ -13,20 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from capo_verl.compare.verdict import difference_record, load_plan
+
 REPO = Path(__file__).resolve().parents[1]
 
-# page -> the summary it quotes
+STUDIES = REPO / "benchmarks" / "results"
+# page -> (the summary it quotes, the study's plan file)
 PAGES = {
-    "pilot2.md": REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot" / "seeds_summary.json",
+    "pilot2.md": (
+        STUDIES / "compare_pilot2_cpu" / "pilot" / "seeds_summary.json",
+        STUDIES / "compare_pilot2_cpu" / "plan.yaml",
+    ),
 }
-
-
-def _per_seed(summary: dict, endpoint: str, pair: str = "capo - grpo") -> list[float]:
-    """The per-seed differences behind a co-primary endpoint, from the summary's own records."""
-    if endpoint == "stability":
-        return summary["secondary"]["entropy"]["rows"]["entropy"]["differences"][pair]["per_seed"]
-    measure = {"calibration": "auc_mean", "accuracy": "accuracy"}[endpoint]
-    return summary["differences"][pair][measure]["last"]["per_seed"]
 
 
 def _table_rows(page: str) -> dict[str, list[str]]:
@@ -42,14 +41,17 @@ def _table_rows(page: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_co_primary_table_and_verdict_quote_the_summary(name):
     page = (REPO / "docs" / "results" / name).read_text()
-    summary = json.loads(PAGES[name].read_text())
+    summary_path, plan_path = PAGES[name]
+    summary, plan = json.loads(summary_path.read_text()), load_plan(plan_path)
+    measures = {e.key: e.measure for e in plan.endpoints}
     co = summary["co_primary"]["capo - grpo"]
     rows = _table_rows(page)
     assert set(rows) == set(co["endpoints"]), f"{name}: co-primary rows {sorted(rows)}"
     for endpoint, cells in rows.items():
         e = co["endpoints"][endpoint]
         per_seed, mean, interval, reading, half_width, sd, needed = cells
-        assert per_seed == ", ".join(f"{x:+.3f}" for x in _per_seed(summary, endpoint)), (name, endpoint)
+        record = difference_record(summary, measures[endpoint], "capo - grpo")
+        assert per_seed == ", ".join(f"{x:+.3f}" for x in record["per_seed"]), (name, endpoint)
         assert mean == f"{e['mean']:+.3f}", (name, endpoint)
         assert interval == f"[{e['low']:+.3f}, {e['high']:+.3f}]", (name, endpoint)
         assert reading == e["words"], (name, endpoint)

@@ -49,25 +49,31 @@ NOT_MEASURED = "not measured"
 READINGS = ("above 0", "below 0", "inside the margin", "no decision", NOT_MEASURED)
 
 
-def _t_interval(summary: dict, name: str, path: tuple[str, ...]) -> dict | None:
-    """The t-interval at ``path`` under the difference ``name`` of a seeds summary, or None where it is absent or
-    undefined (a secondary measure without its files)."""
+#: what an endpoint can measure: name -> the path of its difference record in a seeds summary
+#: (:func:`capo_verl.compare.seeds.write_seeds_summary`), ``"{name}"`` standing for the difference ``"m - base"``
+MEASURES = {
+    "auc_mean": ("differences", "{name}", "auc_mean", "last"),
+    "accuracy": ("differences", "{name}", "accuracy", "last"),
+    "auc_mean_both_mixed": ("differences", "{name}", "auc_mean", "both_mixed"),
+    "entropy": ("secondary", "entropy", "rows", "entropy", "differences", "{name}"),
+}
+
+
+def difference_record(summary: dict, measure: str, name: str) -> dict | None:
+    """The record of ``measure``'s difference ``name`` (e.g. ``"capo - grpo"``) in a seeds summary: its
+    ``"per_seed"`` differences, ``"t_interval"`` and ``"hierarchical_bootstrap"``; None where it is absent (a
+    secondary measure without its files).
+
+    Raises:
+        KeyError: ``measure`` is not a key of :data:`MEASURES`.
+    """
     node = summary
-    for part in path:
+    for part in MEASURES[measure]:
+        part = part.format(name=name)
         if not isinstance(node, dict) or part not in node:
             return None
         node = node[part]
-    return node.get("t_interval") if isinstance(node, dict) else None
-
-
-#: what an endpoint can measure: name -> where its difference ``m - base`` stands in a seeds summary
-#: (:func:`capo_verl.compare.seeds.write_seeds_summary`)
-MEASURES = {
-    "auc_mean": lambda s, name: _t_interval(s, name, ("differences", name, "auc_mean", "last")),
-    "accuracy": lambda s, name: _t_interval(s, name, ("differences", name, "accuracy", "last")),
-    "auc_mean_both_mixed": lambda s, name: _t_interval(s, name, ("differences", name, "auc_mean", "both_mixed")),
-    "entropy": lambda s, name: _t_interval(s, name, ("secondary", "entropy", "rows", "entropy", "differences", name)),
-}
+    return node if isinstance(node, dict) else None
 
 
 class PlanError(ValueError):
@@ -370,7 +376,9 @@ def co_primary(summary: dict, plan: StudyPlan) -> dict:
     for m in plan.methods[1:]:
         name = f"{m} - {base}"
         readings = {
-            e.key: read_endpoint(MEASURES[e.measure](summary, name), e, m=m, base=base, level=level)
+            e.key: read_endpoint(
+                (difference_record(summary, e.measure, name) or {}).get("t_interval"), e, m=m, base=base, level=level
+            )
             for e in plan.endpoints
         }
         result[name] = {"endpoints": readings, "verdict": apply_verdict(readings, plan)}
