@@ -38,12 +38,15 @@ def pooled(summaries: list[dict], plan) -> dict:
         the seeds and differences in the order of ``summaries``.
 
     Raises:
-        ValueError: fewer than two summaries, a summary compares other methods, a seed occurs twice, or a summary
-            lacks an endpoint's record (the message names the summary's position and the measure).
+        ValueError: a plan of more than two methods, fewer than two summaries, a summary compares other methods,
+            a seed occurs twice, or a summary lacks an endpoint's record (the message names the summary's
+            position, the measure and the fix).
     """
     if len(summaries) < 2:
         raise ValueError(f"a pooled reading needs two or more seeds summaries, got {len(summaries)}")
-    base, m = plan.methods[0], plan.methods[1]
+    if len(plan.methods) != 2:
+        raise ValueError(f"a pooled reading reads one pair of methods; the plan compares {' '.join(plan.methods)}")
+    base, m = plan.methods
     pair = f"{m} - {base}"
     seeds = []
     for i, s in enumerate(summaries):
@@ -58,7 +61,10 @@ def pooled(summaries: list[dict], plan) -> dict:
         for i, s in enumerate(summaries):
             record = difference_record(s, e.measure, pair)
             if record is None:
-                raise ValueError(f"summary {i}: no {e.measure!r} record for {pair!r}")
+                raise ValueError(
+                    f"summary {i}: no {e.measure!r} record for {pair!r}; write that study's summary again with "
+                    "`capo-verl compare --plot-only --plan PLAN --seeds ... --methods ...` from units that logged it"
+                )
             per_seed += record["per_seed"]
         t = seed_t_interval(per_seed, [0.0] * len(per_seed), level=plan.level)
         endpoints[e.key] = {"per_seed": per_seed, **read_endpoint(t, e, m=m, base=base, level=plan.level)}

@@ -824,7 +824,7 @@ def test_an_endpoint_reads_its_measures_record_and_a_missing_one_is_not_measured
     assert difference_record(summary, "entropy", pair) is entropy
     assert difference_record(summary, "auc_mean_both_mixed", pair) is None  # pilot 2 did not record it
     assert difference_record(summary, "auc_mean", "cde - grpo") is None
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="unknown measure 'pass_at_k'"):
         difference_record(summary, "pass_at_k", pair)
     assert set(MEASURES) == {"auc_mean", "accuracy", "auc_mean_both_mixed", "entropy"}
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -73,5 +74,8 @@ def test_bad_input_is_named(pr):
         pr.pooled([summary, other], plan)
     other = _other_study(summary, [3, 4, 5], 0.0)
     del other["secondary"]["entropy"]
-    with pytest.raises(ValueError, match="summary 1: no 'entropy' record"):
+    with pytest.raises(ValueError, match="summary 1: no 'entropy' record .* --plot-only"):
         pr.pooled([summary, other], plan)
+    three = dataclasses.replace(plan, methods=("grpo", "capo", "cde"))
+    with pytest.raises(ValueError, match="one pair of methods; the plan compares grpo capo cde"):
+        pr.pooled([summary, _other_study(summary, [3, 4, 5], 0.0)], three)

@@ -1,9 +1,10 @@
 """A study's result page quotes its summary: the co-primary table and the verdict of ``docs/results/<study>.md`` are
 ``seeds_summary.json``'s numbers as written by ``capo-verl compare --seeds``, to the page's three decimals.
 
-The table rows are read by their first words (``calibration:``, ``stability:``, ``accuracy:``) and their columns
-are: per-seed differences, mean, 95% t-interval, reading, half-width, sd over seeds, seed pairs for the margin.
-What each endpoint measures is the study's plan file's (``endpoints.<name>.measure``).
+The table rows are read by their first words, the plan's endpoint keys (``calibration:``, ``stability:``,
+``accuracy:``), and their columns are: per-seed differences, mean, 95% t-interval, reading, half-width, sd over
+seeds, seed pairs for the margin. What each endpoint measures is the study's plan file's
+(``endpoints.<name>.measure``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ PAGES = {
 }
 
 
-def _table_rows(page: str) -> dict[str, list[str]]:
-    """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped)."""
+def _table_rows(page: str, endpoints: list[str]) -> dict[str, list[str]]:
+    """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped): the rows whose first
+    cell starts with ``<endpoint>:`` for one of the plan's ``endpoints``."""
+    starts = re.compile(r"\|\s*(" + "|".join(map(re.escape, endpoints)) + r"):")
     rows = {}
     for line in page.splitlines():
-        m = re.match(r"\|\s*(calibration|stability|accuracy):", line)
+        m = starts.match(line)
         if m:
             rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")][1:]
     return rows
@@ -45,7 +48,7 @@ def test_co_primary_table_and_verdict_quote_the_summary(name):
     summary, plan = json.loads(summary_path.read_text()), load_plan(plan_path)
     measures = {e.key: e.measure for e in plan.endpoints}
     co = summary["co_primary"]["capo - grpo"]
-    rows = _table_rows(page)
+    rows = _table_rows(page, list(measures))
     assert set(rows) == set(co["endpoints"]), f"{name}: co-primary rows {sorted(rows)}"
     for endpoint, cells in rows.items():
         e = co["endpoints"][endpoint]

@@ -67,6 +67,8 @@ def difference_record(summary: dict, measure: str, name: str) -> dict | None:
     Raises:
         KeyError: ``measure`` is not a key of :data:`MEASURES`.
     """
+    if measure not in MEASURES:
+        raise KeyError(f"unknown measure {measure!r}: one of {sorted(MEASURES)}")
     node = summary
     for part in MEASURES[measure]:
         part = part.format(name=name)
