@@ -30,13 +30,14 @@ PAGES = {
 
 
 def _table_rows(page: str, endpoints: list[str]) -> dict[str, list[str]]:
-    """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped): the rows whose first
-    cell starts with ``<endpoint>:`` for one of the plan's ``endpoints``."""
+    """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped): for each of the plan's
+    ``endpoints``, the first row whose first cell starts with ``<endpoint>:`` (a later table, such as a pooled
+    secondary reading, may name the endpoints too)."""
     starts = re.compile(r"\|\s*(" + "|".join(map(re.escape, endpoints)) + r"):")
     rows = {}
     for line in page.splitlines():
         m = starts.match(line)
-        if m:
+        if m and m.group(1) not in rows:
             rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")][1:]
     return rows
 
