@@ -9,7 +9,8 @@ echo of the question's expression, ``Answer: 12 + 5`` for 17) shows up as a risi
 - ``plain``: the share of the paid responses whose extracted answer (``pred``) is a plain number; the solving-only
   reward pays nothing else, so anything below 1.000 is a grading fault;
 - ``states``: the share of the paid responses that state the calculation and its value (``a op b = v`` or
-  ``a op b equals v``, any wording around it) rather than the bare value;
+  ``a op b equals v``, the operator a symbol or a word such as ``divided by``, any wording around it) rather than
+  the bare value;
 - ``other``: the share of the paid responses that hold a number other than the prompt's (the operands) and the gold
   answer (``gts``, else ``pred``), compared as values (``1,000`` = ``1000.0``): a wrong value before the paid one
   (``70 - 30 is 50 ... 40``) is paid, since the reward grades the answer it extracts, so a rising share would be a
@@ -36,8 +37,12 @@ from capo_verl.compare.report import dump_lines, validation_dump
 
 NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 PLAIN = re.compile(r"^-?\d+(?:\.\d+)?$")
-#: a calculation and its value: ``48 + 22 = 70``, ``65 / 13 equals 5``, ``2 * 21 is 42``
-STATES = re.compile(r"\d\s*[-+*/x×÷]\s*-?\d[\d.,]*\s*(?:=|equals|is)\s*-?\d", re.IGNORECASE)
+#: a calculation and its value, the operator as a symbol or in words: ``48 + 22 = 70``, ``65 / 13 equals 5``,
+#: ``2 * 21 is 42``, ``84 divided by 12 equals 7.``, ``6 times 7 equal 42``
+STATES = re.compile(
+    r"\d\s*(?:[-+*/x×÷]|plus|minus|times|multiplied by|divided by)\s*-?\d[\d.,]*\s*(?:=|equals?|is)\s*-?\d",
+    re.IGNORECASE,
+)
 
 
 def shape(text: str) -> str:

@@ -63,6 +63,21 @@ def test_an_unpaid_expression_is_not_plain_and_a_paid_one_would_be_counted(ra):
     assert [bool(ra.STATES.search(r["output"])) for r in rows] == [False, True]
 
 
+def test_a_calculation_is_stated_with_the_operator_as_a_symbol_or_in_words(ra):
+    stated = [
+        "48 + 22 = 70",
+        "84 divided by 12 equals 7.",
+        "6 times 7 equal 42",
+        "9 minus 4 is 5",
+        "3 x 4 = 12",
+        "20 multiplied by 3 is 60",
+        "7 plus 8 equals 15",
+    ]
+    bare = ["70", "The answer is 70.", "48 and 22 make 70", "divided by 12 equals 7"]
+    assert all(ra.STATES.search(t) for t in stated)
+    assert not any(ra.STATES.search(t) for t in bare)
+
+
 def test_not_a_dump_and_no_unit_are_refused(ra, tmp_path):
     d = tmp_path / "seed0" / "capo" / "val_generations"
     d.mkdir(parents=True)
