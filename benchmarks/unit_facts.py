@@ -8,7 +8,7 @@ finished (``seed<k>/<method>/done.json``), one row per unit:
 - ``mixed first / last``: the validation questions with both a correct and an incorrect sample at the first and the
   last pass (``seed<k>/summary.json``), the questions a pass's AUC-mean averages over;
 - ``clipped``: the steps whose ``actor/grad_norm`` exceeded the unit's ``actor_rollout_ref.actor.optim.clip_grad``
-  (``capo_verl.compare.seeds.grad_clip_values``), of the steps logged;
+  (``capo_verl.compare.seeds.grad_clip_counts``), of the steps logged;
 - for a CAPO unit, ``capo/mask_frac_incorrect`` and ``capo/mask_frac_correct`` (the shares of each outcome's
   responses the reference-perplexity mask dropped, ``capo_verl.metrics.capo_step_metrics``) over steps 1 to
   ``--early`` and over the last ``--late`` steps, as min-max ranges; a step without a response of that outcome logs
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from capo_verl.compare.report import read_metrics, series
-from capo_verl.compare.seeds import grad_clip_values
+from capo_verl.compare.seeds import grad_clip_counts
 
 MASK_KEYS = ("capo/mask_frac_incorrect", "capo/mask_frac_correct")
 
@@ -53,17 +53,30 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
     """
     seeds = finished_seeds(out, methods)
     if not seeds:
-        raise FileNotFoundError(f"{out}: no seed<k>/ folder in which {', '.join(methods)} all have a done.json")
-    shares = grad_clip_values(out, methods, seeds)
-    if shares is None:
-        raise ValueError(f"{out}: a unit logged no actor/grad_norm")
+        raise FileNotFoundError(
+            f"{out}: no seed<k>/ folder in which {', '.join(methods)} all have a done.json; train the units "
+            "(capo-verl compare --seeds) or pass --methods the units that ran"
+        )
+    counts = grad_clip_counts(out, methods, seeds)
+    if counts is None:
+        raise ValueError(
+            f"{out}: a unit of {', '.join(methods)} logged no actor/grad_norm in its metrics.jsonl; these facts need "
+            "units trained by capo-verl compare with verl 0.9.1, which logs it every step"
+        )
     rows = []
     for i, k in enumerate(seeds):
-        summary = json.loads((out / f"seed{k}" / "summary.json").read_text())
+        summary_path = out / f"seed{k}" / "summary.json"
+        if not summary_path.exists():
+            raise FileNotFoundError(
+                f"{summary_path} is missing; write it with capo-verl compare --plot-only --seeds {k} "
+                f"--methods {' '.join(methods)} --out {out}"
+            )
+        summary = json.loads(summary_path.read_text())
         for m in methods:
             run = out / f"seed{k}" / m
             metrics = read_metrics(run / "metrics.jsonl")
             steps, _ = series(metrics, "actor/grad_norm")
+            clipped, logged = (int(c) for c in counts[m][i])
             passes = summary["methods"][m]["passes"]
             row = {
                 "seed": k,
@@ -71,8 +84,8 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
                 "trainer_min": json.loads((run / "done.json").read_text())["wall_s"] / 60.0,
                 "mixed_first": passes[0]["n_mixed"],
                 "mixed_last": passes[-1]["n_mixed"],
-                "clipped": int(round(shares[m][i] * len(steps))),
-                "steps": len(steps),
+                "clipped": clipped,
+                "steps": logged,
             }
             for key in MASK_KEYS:
                 xs, ys = (np.asarray(v) for v in series(metrics, key))

@@ -610,7 +610,7 @@ def test_defined_difference_reports_only_missing_seeds_and_raises_on_other_fault
 def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     """Teacher-forced AUC-mean per scored step, held-out unbiased pass@k, AUC-mean and perplexity-consistency ITS, and
     the last steps' entropy, paired by seed; two seeds, two methods; every number by hand."""
-    from capo_verl.compare.seeds import write_seeds_summary
+    from capo_verl.compare.seeds import grad_clip_counts, write_seeds_summary
 
     up = [(-1.0, True), (-2.0, False), (-3.0, False)]
     for k in (0, 1):
@@ -713,6 +713,8 @@ def test_seeds_summary_secondary_measures_by_hand(tmp_path):
     clipped = sec["grad_clipped"]["rows"]["share of steps"]
     assert clipped["per_seed"] == {"grpo": [2 / 7, 2 / 7], "capo": [5 / 7, 5 / 7]}
     assert clipped["differences"]["capo - grpo"]["t_interval"]["mean"] == pytest.approx(3 / 7)
+    counts = grad_clip_counts(tmp_path, ["grpo", "capo"], [0, 1])  # [clipped, logged]: the NaN step is logged
+    assert {m: c.tolist() for m, c in counts.items()} == {"grpo": [[2, 7], [2, 7]], "capo": [[5, 7], [5, 7]]}
     by_outcome = sec["advantage_by_outcome"]["rows"]
     assert by_outcome["correct responses"]["per_seed"] == {"grpo": [0.5, 0.5], "capo": [1.0, 2.0]}
     assert by_outcome["incorrect responses"]["differences"]["capo - grpo"]["per_seed"] == pytest.approx([-0.25] * 2)

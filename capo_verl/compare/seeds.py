@@ -397,22 +397,29 @@ def entropy_values(
     return _step_metric_values(out, methods, seeds, "actor/entropy", lambda ys, _: float(np.mean(ys[-last_steps:])))
 
 
-def grad_clip_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
-    """``{method: (S,) float64}``: each run's share of steps whose ``actor/grad_norm`` (the norm before clipping,
+def grad_clip_counts(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """``{method: (S, 2) int64}``: each run's steps whose ``actor/grad_norm`` (the norm before clipping,
     ``clip_grad_norm_`` in verl's FSDP engine, ``verl/workers/engine/fsdp/transformer_impl.py``) exceeded the clip
     its recorded config (``done.json``) gave verl's optimizer, ``actor_rollout_ref.actor.optim.clip_grad``, so that
-    the update was scaled down. A step with a non-finite norm, which verl skips, is not counted as clipped. None when
-    a run logged no grad norm or has no record."""
+    the update was scaled down, and the steps that logged a norm: ``[clipped, logged]``. A step with a non-finite
+    norm, which verl skips, is not counted as clipped. None when a run logged no grad norm or has no record."""
 
-    def share(ys: list[float], run: Path) -> float:
+    def count(ys: list[float], run: Path) -> tuple[int, int]:
         actor = json.loads((run / "done.json").read_text())["settings"]["composed"]["actor_rollout_ref"]["actor"]
         clip = float(actor["optim"]["clip_grad"])
         norms = np.asarray(ys, dtype=np.float64)
-        return float(np.mean(np.isfinite(norms) & (norms > clip)))
+        return int(np.sum(np.isfinite(norms) & (norms > clip))), norms.size
 
     if not all((out / f"seed{k}" / m / "done.json").exists() for k in seeds for m in methods):
         return None
-    return _step_metric_values(out, methods, seeds, "actor/grad_norm", share)
+    return _step_metric_values(out, methods, seeds, "actor/grad_norm", count, dtype=np.int64)
+
+
+def grad_clip_values(out: Path, methods: list[str], seeds: list[int]) -> dict | None:
+    """``{method: (S,) float64}``: each run's share of steps whose grad norm was clipped, the ratio of
+    :func:`grad_clip_counts`' two columns. None where it is None."""
+    counts = grad_clip_counts(out, methods, seeds)
+    return None if counts is None else {m: c[:, 0] / c[:, 1] for m, c in counts.items()}
 
 
 def advantage_values(out: Path, methods: list[str], seeds: list[int], outcome: str) -> dict | None:
@@ -422,8 +429,10 @@ def advantage_values(out: Path, methods: list[str], seeds: list[int], outcome: s
     return _step_metric_values(out, methods, seeds, f"capo/adv_mean_{outcome}", lambda ys, _: float(np.mean(ys)))
 
 
-def _step_metric_values(out: Path, methods: list[str], seeds: list[int], key: str, reduce) -> dict | None:
-    """``{method: (S,) float64}`` of ``reduce(values of key over the logged steps, run folder)`` per run; None when
+def _step_metric_values(
+    out: Path, methods: list[str], seeds: list[int], key: str, reduce, dtype=np.float64
+) -> dict | None:
+    """``{method: (S, ...) dtype}`` of ``reduce(values of key over the logged steps, run folder)`` per run; None when
     a run logged no ``key``."""
     values = {}
     for m in methods:
@@ -434,7 +443,7 @@ def _step_metric_values(out: Path, methods: list[str], seeds: list[int], key: st
             if not ys:
                 return None
             row.append(reduce(ys, run))
-        values[m] = np.asarray(row, dtype=np.float64)
+        values[m] = np.asarray(row, dtype=dtype)
     return values
 
 
