@@ -26,6 +26,10 @@ PAGES = {
         STUDIES / "compare_pilot2_cpu" / "pilot" / "seeds_summary.json",
         STUDIES / "compare_pilot2_cpu" / "plan.yaml",
     ),
+    "main.md": (
+        STUDIES / "compare_main_cpu" / "units" / "seeds_summary.json",
+        STUDIES / "compare_main_cpu" / "plan.yaml",
+    ),
 }
 
 
