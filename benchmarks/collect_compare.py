@@ -10,7 +10,9 @@ With ``--gzip-dumps``, each validation dump ``val_generations/<step>.jsonl`` is 
 (gzip, no timestamp: the same dump gives the same bytes), which ``capo-verl compare`` reads as it is.
 The seeds summary at the top of SRC (``seeds_summary.json``/``.md``, ``seeds_curves.png``) is copied only when it
 compares two or more methods: a call that trains or plots one method (``--methods grpo``) writes a one-method summary
-there, which would replace the last comparison's; it is listed as left out.
+there, which would replace the last comparison's; it is listed as left out. ``--skip PATTERN`` (repeatable) leaves out
+every file under a relative folder that matches the glob (e.g. ``'seed*/grpo'``): what a study shares with another
+and does not copy again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import gzip
 import json
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
@@ -59,15 +62,17 @@ def _gzip_dump(path: Path, target: Path) -> bool:
 
 
 def collect(
-    src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False
+    src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False, skip: tuple[str, ...] = ()
 ) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Copy as described in the module doc; returns the copied relative paths and the left-out ones, each with why
-    (:data:`ONE_METHOD`, or ``over N MB``)."""
+    (:data:`ONE_METHOD`, or ``over N MB``). ``skip``: globs of relative folders whose files are not copied."""
     copied, left_out = [], []
     one_method = _one_method_summary(src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or SKIP_DIRS & set(rel.parts[:-1]):
+            continue
+        if any(fnmatch(str(Path(*rel.parts[:i])), pattern) for pattern in skip for i in range(1, len(rel.parts))):
             continue
         name = path.name
         if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
@@ -104,9 +109,14 @@ def main() -> None:
     p.add_argument("dest", type=Path, help="where in the repository")
     p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
     p.add_argument("--gzip-dumps", action="store_true", help="store validation dumps as <step>.jsonl.gz")
+    p.add_argument("--skip", action="append", default=[], metavar="PATTERN", help="leave out folders matching it")
     args = p.parse_args()
     copied, left_out = collect(
-        args.src.expanduser(), args.dest, max_bytes=int(args.max_mb * 2**20), gzip_dumps=args.gzip_dumps
+        args.src.expanduser(),
+        args.dest,
+        max_bytes=int(args.max_mb * 2**20),
+        gzip_dumps=args.gzip_dumps,
+        skip=tuple(args.skip),
     )
     for rel in copied:
         print(f"copied {rel}")
