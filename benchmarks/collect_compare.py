@@ -6,8 +6,12 @@ Copies every file under SRC except checkpoints (``ckpt/``), Hydra's run folders 
 the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) and files over ``--max-mb``
 (listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
-With ``--gzip-dumps``, each validation dump ``val_generations/<step>.jsonl`` is stored as ``<step>.jsonl.gz``
-(gzip, no timestamp: the same dump gives the same bytes), which ``capo-verl compare`` reads as it is.
+With ``--gzip-dumps``, every JSON-lines file but ``attempts.jsonl`` (validation dumps ``val_generations/<step>.jsonl``, ``metrics.jsonl``,
+held-out generations, the teacher-forced pool) is stored as ``<name>.jsonl.gz`` (gzip, no timestamp: the same file
+gives the same bytes), and a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl`` beside
+``0.shared.json``) is left out where the pass it names is copied: every reader takes both forms
+(:mod:`capo_verl.stored`, :func:`capo_verl.compare.report.validation_dump`), as ``benchmarks/compress_results.py``
+stores the older studies.
 The seeds summary at the top of SRC (``seeds_summary.json``/``.md``, ``seeds_curves.png``) is copied only when it
 compares two or more methods: a call that trains or plots one method (``--methods grpo``) writes a one-method summary
 there, which would replace the last comparison's; it is listed as left out. ``--skip PATTERN`` (repeatable) leaves out
@@ -18,11 +22,12 @@ and does not copy again.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 from fnmatch import fnmatch
 from pathlib import Path
+
+from capo_verl.stored import gzip_bytes
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
 SUMMARY_FILES = {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"}
@@ -50,10 +55,20 @@ def _unit_of(src: Path, rel: Path) -> Path | None:
     return None
 
 
+def _shared_copy(src: Path, rel: Path) -> bool:
+    """True if ``src/rel`` is a method's copy of its seed's shared step-0 pass (``0.shared.json`` beside it) whose
+    source, named in the marker, is under ``src`` with the same bytes: the one copy kept is the source's."""
+    marker = src / rel.parent / "0.shared.json"
+    if not marker.exists():
+        return False
+    source = src / rel.parent.parent.parent / json.loads(marker.read_text())["from"]
+    return source.is_file() and source != src / rel and source.read_bytes() == (src / rel).read_bytes()
+
+
 def _gzip_dump(path: Path, target: Path) -> bool:
     """Write ``path`` gzip-compressed (mtime 0) to ``target`` unless it holds the same bytes; returns True if
     written."""
-    data = gzip.compress(path.read_bytes(), mtime=0)
+    data = gzip_bytes(path.read_bytes())
     if target.exists() and target.read_bytes() == data:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +98,9 @@ def collect(
         unit = _unit_of(src, rel)
         if unit is not None and not (src / unit / "done.json").exists() and name not in UNDER_WAY_FILES:
             continue
-        if gzip_dumps and rel.parent.name == "val_generations" and name.endswith(".jsonl"):
+        if gzip_dumps and name == "0.jsonl" and _shared_copy(src, rel):
+            continue
+        if gzip_dumps and name.endswith(".jsonl") and name not in UNDER_WAY_FILES:
             if _gzip_dump(path, dest / rel.with_name(name + ".gz")):
                 copied.append(rel.with_name(name + ".gz"))
             continue

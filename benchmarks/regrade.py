@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from capo_verl.reward import compute_score
+from capo_verl.stored import read_text, stored
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -40,15 +41,14 @@ STUDIES = {
 def _rows(path: Path) -> list[tuple[str, str, bool, str]]:
     """``(response, gold, correct_as_committed, data_source)`` for each line of a response file."""
     out = []
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if "output" in r:  # verl validation dump
-                out.append((r["output"], str(r["gts"]), float(r["score"]) > 0.5, r.get("data_source", "val")))
-            else:
-                out.append((r["response"], str(r["ground_truth"]), bool(r["correct"]), r.get("data_source", "eval")))
+    for line in read_text(path).split("\n"):
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if "output" in r:  # verl validation dump
+            out.append((r["output"], str(r["gts"]), float(r["score"]) > 0.5, r.get("data_source", "val")))
+        else:
+            out.append((r["response"], str(r["ground_truth"]), bool(r["correct"]), r.get("data_source", "eval")))
     return out
 
 
@@ -60,7 +60,7 @@ def regrade_file(path: Path, pool: ThreadPoolExecutor) -> dict:
     n_old = sum(old)
     echoes = sum(o and not w for o, w in zip(old, new, strict=True))
     return {
-        "file": str(path.relative_to(RESULTS)),
+        "file": str(path.relative_to(RESULTS)).removesuffix(".gz"),
         "n": len(rows),
         "acc_old": n_old / len(rows) if rows else math.nan,
         "acc_new": sum(new) / len(rows) if rows else math.nan,
@@ -70,9 +70,18 @@ def regrade_file(path: Path, pool: ThreadPoolExecutor) -> dict:
 
 
 def response_files(study: Path) -> list[Path]:
-    files = sorted(study.rglob("val_generations/*.jsonl"), key=lambda p: (str(p.parent), int(p.stem)))
-    files += sorted(study.rglob("eval_generations.jsonl")) + sorted(study.rglob("pool.jsonl"))
-    files += sorted(p for p in study.glob("eval_generate_*.jsonl"))
+    """Every response file of a study, plain or compressed (``.jsonl.gz``), by the name of its plain form."""
+
+    def found(pattern: str, where=study.rglob) -> list[Path]:
+        plain = {p for p in where(pattern)} | {p.with_suffix("") for p in where(pattern + ".gz")}
+        return [stored(p) for p in plain]
+
+    def order(p: Path) -> tuple[str, int]:
+        return str(p.parent), int(p.name.split(".")[0])
+
+    files = sorted(found("val_generations/*.jsonl"), key=order)
+    files += sorted(found("eval_generations.jsonl")) + sorted(found("pool.jsonl"))
+    files += sorted(found("eval_generate_*.jsonl", study.glob))
     return files
 
 

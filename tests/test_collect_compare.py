@@ -49,7 +49,7 @@ def test_two_method_summary_and_finished_unit_copied(cc, tmp_path):
         "seed3/capo/attempts.jsonl",
         "seed3/grpo/.capo-verl-run.json",
         "seed3/grpo/done.json",
-        "seed3/grpo/metrics.jsonl",
+        "seed3/grpo/metrics.jsonl.gz",
         "seed3/grpo/val_generations/30.jsonl.gz",
         "seeds_curves.png",
         "seeds_summary.json",
@@ -92,3 +92,42 @@ def test_skip_leaves_out_the_shared_folders(cc, tmp_path):
     names = sorted(map(str, copied))
     assert not [n for n in names if n.startswith(("seed3/grpo", "teacher_forced"))]
     assert "seed3/capo/attempts.jsonl" in names and "compare.json" in names
+
+
+def test_gzip_dumps_keeps_one_copy_of_a_shared_step0_pass(cc, tmp_path):
+    """A method's copy of its seed's step-0 pass is left out where the pass it names is copied with the same
+    bytes, and the committed folder still reads the pass for that method (``validation_dump``)."""
+    import hashlib
+
+    from capo_verl.compare.report import read_validation_pass, validation_dump
+
+    src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
+    dump = '{"input": "q", "output": "2", "lpm": -1.0, "acc": true}\n'
+    _write(src / "seed3" / "step0" / ".capo-verl-run.json", "{}")
+    _write(src / "seed3" / "step0" / "done.json", "{}")
+    _write(src / "seed3" / "step0" / "val_generations" / "0.jsonl", dump)
+    marker = {"from": "step0/val_generations/0.jsonl", "sha256": hashlib.sha256(dump.encode()).hexdigest()}
+    _write(src / "seed3" / "grpo" / "val_generations" / "0.jsonl", dump)
+    _write(src / "seed3" / "grpo" / "val_generations" / "0.shared.json", json.dumps(marker))
+    copied, _ = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
+    names = set(map(str, copied))
+    assert "seed3/step0/val_generations/0.jsonl.gz" in names
+    assert not {"seed3/grpo/val_generations/0.jsonl", "seed3/grpo/val_generations/0.jsonl.gz"} & names
+    folder = dest / "seed3" / "grpo" / "val_generations"
+    assert validation_dump(folder, 0) == dest / "seed3" / "step0" / "val_generations" / "0.jsonl.gz"
+    assert read_validation_pass(validation_dump(folder, 0)).questions == ["q"]
+    # a copy whose bytes differ from its source is kept
+    _write(src / "seed3" / "grpo" / "val_generations" / "0.jsonl", dump.replace("-1.0", "-2.0"))
+    copied, _ = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
+    assert "seed3/grpo/val_generations/0.jsonl.gz" in set(map(str, copied))
+
+
+def test_validation_dump_refuses_a_shared_pass_of_other_bytes(tmp_path):
+    from capo_verl.compare.report import validation_dump
+
+    seed = tmp_path / "seed3"
+    _write(seed / "step0" / "val_generations" / "0.jsonl", "{}\n")
+    marker = {"from": "step0/val_generations/0.jsonl", "sha256": "0" * 64}
+    _write(seed / "grpo" / "val_generations" / "0.shared.json", json.dumps(marker))
+    with pytest.raises(ValueError, match="SHA-256"):
+        validation_dump(seed / "grpo" / "val_generations", 0)

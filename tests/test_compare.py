@@ -914,8 +914,8 @@ def test_main_run_summary_regenerates_from_its_plan_file(tmp_path):
     assert committed["steps"] == {m: [[0, 30]] * len(seeds) for m in plan.methods}
     out = tmp_path / "units"
     shutil.copytree(units / "teacher_forced", out / "teacher_forced")
-    for k in seeds:
-        for m in plan.methods:
+    for k in seeds:  # each method's step-0 pass is the seed's, kept once in step0/
+        for m in (*plan.methods, "step0"):
             shutil.copytree(units / f"seed{k}" / m, out / f"seed{k}" / m)
     write_seeds_summary(out, list(plan.methods), seeds, plan=plan, n_boot=committed["n_boot"])
     regenerated = json.loads((out / "seeds_summary.json").read_text())
@@ -1030,13 +1030,13 @@ def test_a_gzip_compressed_dump_reads_as_the_plain_one(tmp_path):
     from capo_verl.compare.seeds import step0_agreement
 
     src = PILOT2 / "pilot" / "seed0"
-    plain = [validation_passes(src / m) for m in ("grpo", "capo")]
+    packed = [validation_passes(src / m) for m in ("grpo", "capo")]
     for m in ("grpo", "capo"):
         folder = tmp_path / "seed0" / m / "val_generations"
         folder.mkdir(parents=True)
-        for dump in (src / m / "val_generations").glob("*.jsonl"):
-            (folder / f"{dump.name}.gz").write_bytes(gzip.compress(dump.read_bytes(), mtime=0))
-    packed = [validation_passes(tmp_path / "seed0" / m) for m in ("grpo", "capo")]
+        for dump in (src / m / "val_generations").glob("*.jsonl.gz"):
+            (folder / dump.name.removesuffix(".gz")).write_bytes(gzip.decompress(dump.read_bytes()))
+    plain = [validation_passes(tmp_path / "seed0" / m) for m in ("grpo", "capo")]
     for a_passes, b_passes in zip(plain, packed):
         assert [p.step for p in a_passes] == [p.step for p in b_passes] == [0, 30]
         for a, b in zip(a_passes, b_passes):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from capo_verl.stored import read_text
+
 REPO = Path(__file__).resolve().parents[1]
 PILOT = REPO / "benchmarks" / "results" / "compare_pilot2_cpu" / "pilot"
 
@@ -20,7 +22,7 @@ def uf(load_benchmark):
 
 def _steps(run: Path) -> dict[int, dict]:
     steps: dict[int, dict] = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
+    for line in read_text(run / "metrics.jsonl").splitlines():
         if line.strip():
             r = json.loads(line)
             steps.setdefault(r["step"], {}).update(r["data"])

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from capo_verl import metrics as M
-from capo_verl.compare.report import read_validation_pass
+from capo_verl.compare.report import dump_lines, read_validation_pass
 
 RUNS = Path(__file__).resolve().parents[1] / "compare_cpu"
 METHODS = ("grpo", "capo", "grpo_mask", "gspo")
@@ -103,7 +103,7 @@ def validation() -> None:
 def held_out() -> None:
     runs = {}
     for m in METHODS:
-        rows = [json.loads(line) for line in open(RUNS / m / "eval_generations.jsonl") if line.strip()]
+        rows = [json.loads(line) for line in dump_lines(RUNS / m / "eval_generations.jsonl") if line.strip()]
         qids = sorted({(r["data_source"], str(r["question_id"])) for r in rows})
         by_q = {key: [] for key in qids}
         for r in rows:
