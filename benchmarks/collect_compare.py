@@ -6,7 +6,7 @@ Copies every file under SRC except checkpoints (``ckpt/``), Hydra's run folders 
 the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) and files over ``--max-mb``
 (listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
-With ``--gzip-dumps``, every JSON-lines file but ``attempts.jsonl`` (validation dumps ``val_generations/<step>.jsonl``, ``metrics.jsonl``,
+With ``--gzip-dumps``, every JSON-lines file but ``attempts.jsonl`` (validation dumps, ``metrics.jsonl``,
 held-out generations, the teacher-forced pool) is stored as ``<name>.jsonl.gz`` (gzip, no timestamp: the same file
 gives the same bytes), and a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl`` beside
 ``0.shared.json``) is left out where the pass it names is copied: every reader takes both forms
