@@ -15,8 +15,8 @@ stores the older studies.
 The seeds summary at the top of SRC (``seeds_summary.json``/``.md``, ``seeds_curves.png``) is copied only when it
 compares two or more methods: a call that trains or plots one method (``--methods grpo``) writes a one-method summary
 there, which would replace the last comparison's; it is listed as left out. ``--skip PATTERN`` (repeatable) leaves out
-every file under a relative folder that matches the glob (e.g. ``'seed*/grpo'``): what a study shares with another
-and does not copy again.
+every file whose relative path, or a folder above it, matches the glob (e.g. ``'seed*/grpo'``, ``'*.png'``): what a
+study shares with another and does not copy again, or figures anyone can redraw with ``compare --plot-only``.
 """
 
 from __future__ import annotations
@@ -80,14 +80,15 @@ def collect(
     src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False, skip: tuple[str, ...] = ()
 ) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Copy as described in the module doc; returns the copied relative paths and the left-out ones, each with why
-    (:data:`ONE_METHOD`, or ``over N MB``). ``skip``: globs of relative folders whose files are not copied."""
+    (:data:`ONE_METHOD`, or ``over N MB``). ``skip``: globs of relative paths (a file's or a folder's above it) not
+    copied."""
     copied, left_out = [], []
     one_method = _one_method_summary(src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or SKIP_DIRS & set(rel.parts[:-1]):
             continue
-        if any(fnmatch(str(Path(*rel.parts[:i])), pattern) for pattern in skip for i in range(1, len(rel.parts))):
+        if any(fnmatch(str(Path(*rel.parts[:i])), pattern) for pattern in skip for i in range(1, len(rel.parts) + 1)):
             continue
         name = path.name
         if name.endswith(".log") or ".partial" in name or name == "metrics.attempt.jsonl":
@@ -126,7 +127,7 @@ def main() -> None:
     p.add_argument("dest", type=Path, help="where in the repository")
     p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
     p.add_argument("--gzip-dumps", action="store_true", help="store validation dumps as <step>.jsonl.gz")
-    p.add_argument("--skip", action="append", default=[], metavar="PATTERN", help="leave out folders matching it")
+    p.add_argument("--skip", action="append", default=[], metavar="PATTERN", help="leave out paths matching it")
     args = p.parse_args()
     copied, left_out = collect(
         args.src.expanduser(),

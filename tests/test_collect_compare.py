@@ -88,9 +88,9 @@ def test_size_limit_lists_the_file(cc, tmp_path):
 def test_skip_leaves_out_the_shared_folders(cc, tmp_path):
     src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
     _write(src / "teacher_forced" / "pool.jsonl", "{}\n")
-    copied, _ = cc.collect(src, dest, max_bytes=2**20, skip=("seed*/grpo", "teacher_forced"))
+    copied, _ = cc.collect(src, dest, max_bytes=2**20, skip=("seed*/grpo", "teacher_forced", "*.png"))
     names = sorted(map(str, copied))
-    assert not [n for n in names if n.startswith(("seed3/grpo", "teacher_forced"))]
+    assert not [n for n in names if n.startswith(("seed3/grpo", "teacher_forced")) or n.endswith(".png")]
     assert "seed3/capo/attempts.jsonl" in names and "compare.json" in names
 
 
