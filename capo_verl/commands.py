@@ -313,7 +313,7 @@ def folder_problem(path: str | os.PathLike) -> str | None:
         ``key=PATH: cannot be created or written (Permission denied)``): ``is a file, not a folder``, ``lies under
         <file>, which is a file``, or ``cannot be created or written (<the operating system's error>)``.
     """
-    folder = Path(os.path.expanduser(str(path)))
+    folder = Path(os.path.realpath(os.path.expanduser(str(path))))  # `..` and symlinks followed, as mkdir does
     missing: list[Path] = []
     probe = folder
     while not probe.exists() and probe.parent != probe:
