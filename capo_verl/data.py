@@ -115,16 +115,33 @@ def _answer_to_str(value) -> str:
 # training data
 # --------------------------------------------------------------------------------------------------------
 def _read_table(path: Path) -> pd.DataFrame:
+    """A ``.parquet``, ``.jsonl`` or ``.json`` table, checked before it is read
+    (:func:`capo_verl.inputs.check_data_file`); a JSON error names the file and line
+    (:class:`capo_verl.inputs.BadDataLine`)."""
+    from capo_verl import inputs
+
     suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; give a .parquet, .jsonl or .json file")
+    inputs.check_data_file(path, "--train-source")
     if suffix == ".parquet":
         return pd.read_parquet(path)
     if suffix == ".jsonl":
-        return pd.read_json(path, lines=True)
-    if suffix == ".json":
-        with open(path) as f:
-            head = f.read(1).strip()
-        return pd.read_json(path, lines=(head == "{"))
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; give a .parquet, .jsonl or .json file")
+        return _frame(inputs.read_jsonl(path, "--train-source"), path)
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    if head == b"{":  # a .json file of JSON lines
+        return _frame(inputs.read_jsonl(path, "--train-source"), path)
+    records = inputs.read_json(path, "--train-source")
+    return _frame(records if isinstance(records, list) else [records], path)
+
+
+def _frame(records: list, path: Path) -> pd.DataFrame:
+    """Records (JSON objects) as a table; a record that is not an object is refused, naming it."""
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: record {i + 1} is a JSON {type(record).__name__}, not an object")
+    return pd.DataFrame.from_records(records)
 
 
 def _strip_instruction(text: str) -> str:
@@ -182,7 +199,7 @@ def load_deepscaler(source: str) -> tuple[pd.DataFrame, int]:
         ValueError: unknown columns or file type, or ``source`` is neither a file nor a hub id.
     """
     path = Path(os.path.expanduser(source))
-    if path.exists():
+    if os.path.lexists(path):  # a symlink loop too: refused as a loop by _read_table
         df = _problems_from_table(_read_table(path), str(path))
     elif re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) and not source.endswith((".parquet", ".jsonl", ".json")):
         import datasets
@@ -281,22 +298,25 @@ def load_benchmark(name: str, benchmarks_dir: str | os.PathLike = SHIPPED_BENCHM
     Raises:
         KeyError: unknown ``name`` (the message lists :data:`BENCHMARKS`).
         FileNotFoundError: the file is missing.
-        ValueError: a row has no problem or no gold answer.
+        ValueError: a row is not a JSON object or has no problem or no gold answer; the file is not JSON lines, or a
+            line does not parse (:class:`capo_verl.inputs.BadDataLine`, naming the file and line).
     """
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     spec = BENCHMARKS[name]
     path = Path(benchmarks_dir) / spec.file
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"benchmark {name}: {path} not found (set --benchmarks-dir)")
+    from capo_verl import inputs
+
     rows = []
-    with open(path) as f:
-        for i, line in enumerate(line for line in f if line.strip()):
-            record = json.loads(line)
-            problem, answer = spec.problem(record).strip(), spec.answer(record).strip()
-            if not problem or not answer:
-                raise ValueError(f"benchmark {name}: row {i} of {path} has an empty problem or answer")
-            rows.append(make_row(name, problem, answer, "test", i))
+    for i, record in enumerate(inputs.read_jsonl(path, f"benchmark {name}")):  # errors name the file and line
+        if not isinstance(record, dict):
+            raise ValueError(f"benchmark {name}: row {i} of {path} is a JSON {type(record).__name__}, not an object")
+        problem, answer = spec.problem(record).strip(), spec.answer(record).strip()
+        if not problem or not answer:
+            raise ValueError(f"benchmark {name}: row {i} of {path} has an empty problem or answer")
+        rows.append(make_row(name, problem, answer, "test", i))
     return rows
 
 
@@ -376,6 +396,8 @@ def write_gsm8k_calc_parquet(
     Raises:
         ValueError: more rows asked for than the slice has.
     """
+    from capo_verl.outputs import write_atomic
+
     resources = RESOURCES
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +436,7 @@ def write_gsm8k_calc_parquet(
                 }
             )
         path = out / f"gsm8k_calc_{split}.parquet"
-        pd.DataFrame(rows).to_parquet(path, index=False)
+        write_atomic(path, pd.DataFrame(rows).to_parquet(None, index=False))  # a reader sees the old file or the new
         paths.append(path)
     return paths[0], paths[1]
 
@@ -442,25 +464,47 @@ def prepare(
     """Write the parquet files and ``manifest.json`` into ``out_dir``; return the manifest.
 
     ``train_source=None`` skips the training split, ``benchmarks=None`` or ``()`` the benchmarks. Entries of
-    an existing ``manifest.json`` for files not rewritten now are kept. Raises what :func:`load_deepscaler`,
-    :func:`split_train_val` and :func:`load_benchmark` raise.
+    an existing ``manifest.json`` for files not rewritten now are kept, and so are the folder's other files. Every
+    source is read and checked before anything is written; the folder is then written whole
+    (:class:`capo_verl.outputs.Outputs`: built beside ``out_dir``, the entries it does not rewrite carried over, moved
+    in with one rename, under a lock), so a failed or stopped run leaves the old folder as it was.
+
+    Raises:
+        capo_verl.outputs.InputIsOutput: ``out_dir`` is, or would replace, ``train_source`` or ``benchmarks_dir``.
+        capo_verl.outputs.OutputLocked: another process writes ``out_dir``.
+        What :func:`load_deepscaler`, :func:`split_train_val` and :func:`load_benchmark` raise.
     """
+    from capo_verl import inputs, outputs
+
     out = Path(os.path.expanduser(str(out_dir)))
+    benchmarks = list(benchmarks or ())
+    names = [f"deepscaler_{split}.parquet" for split in ("train", "val")] if train_source is not None else []
+    names += [f"{name}.parquet" for name in benchmarks]
+    outs = outputs.Outputs("prepare-data")
+    if train_source is not None and os.path.lexists(os.path.expanduser(train_source)):
+        outs.input("--train-source", train_source)
+    if benchmarks:
+        outs.input("--benchmarks-dir", benchmarks_dir)
+    folder = outs.folder("--out-dir", out, owns=[*names, "manifest.json"])
+    outs.check()
     manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = inputs.read_json(manifest_path, "manifest") if manifest_path.exists() else {}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise ValueError(f"{manifest_path}: not a manifest of `capo-verl prepare-data`; move it away")
     manifest["system_prompt"] = SYSTEM_PROMPT
     files = manifest.setdefault("files", {})
+    tables: dict[str, list[dict]] = {}
     if train_source is not None:
         df, dropped = load_deepscaler(train_source)
         train, val = split_train_val(df, train_size, val_size, seed)
         for split, part in (("train", train), ("val", val)):
-            rows = [
+            name = f"deepscaler_{split}.parquet"
+            tables[name] = [
                 make_row("deepscaler", p, a, split, i)
                 for p, a, i in zip(part["problem"], part["answer"], part["source_index"], strict=True)
             ]
-            name = f"deepscaler_{split}.parquet"
             files[name] = {
-                "rows": _write(rows, out / name),
+                "rows": len(tables[name]),
                 "data_source": "deepscaler",
                 "source": str(train_source),
                 "source_rows_usable": len(df),
@@ -469,15 +513,17 @@ def prepare(
                 "train_size": train_size,
                 "val_size": val_size,
             }
-    for name in benchmarks or ():
-        rows = load_benchmark(name, benchmarks_dir)
+    for name in benchmarks:
+        tables[f"{name}.parquet"] = load_benchmark(name, benchmarks_dir)
         files[f"{name}.parquet"] = {
-            "rows": _write(rows, out / f"{name}.parquet"),
+            "rows": len(tables[f"{name}.parquet"]),
             "data_source": name,
             "source": str(Path(benchmarks_dir) / BENCHMARKS[name].file),
         }
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    with outs.writing():
+        for name, rows in tables.items():
+            _write(rows, folder.stage / name)
+        (folder.stage / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

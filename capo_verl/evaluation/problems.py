@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -50,12 +49,14 @@ def problems_from_rows(rows: Iterable[dict], where: str = "rows") -> list[Proble
     -> :class:`Problem` list.
 
     Raises:
-        ValueError: a row lacks ``data_source``, ``prompt`` or ``reward_model.ground_truth``, or two rows
-            share ``(data_source, question_id)``.
+        ValueError: a row is not a mapping, lacks ``data_source``, ``prompt`` or ``reward_model.ground_truth``, or
+            two rows share ``(data_source, question_id)``.
     """
     out: list[Problem] = []
     seen: set[tuple[str, str]] = set()
     for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: row {i} is a {type(row).__name__}, not an object (one row per JSON object)")
         row = _plain(dict(row))
         missing = [f for f in ("data_source", "prompt", "reward_model") if row.get(f) is None]
         if missing or "ground_truth" not in (row.get("reward_model") or {}):
@@ -78,22 +79,30 @@ def problems_from_rows(rows: Iterable[dict], where: str = "rows") -> list[Proble
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Read a ``.parquet``, ``.jsonl`` or ``.json`` (list of rows) file into a list of dicts."""
+    """Read a ``.parquet``, ``.jsonl`` or ``.json`` (list of rows) file into a list of dicts.
+
+    The file is checked before it is read (:func:`capo_verl.inputs.check_data_file`: a folder, a sparse file, a
+    file of another format are refused before memory grows).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: an unsupported suffix; :class:`capo_verl.inputs.NotADataFile`, or
+            :class:`capo_verl.inputs.BadDataLine` naming the file and line of a JSON error.
+    """
+    from capo_verl import inputs
+
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no such data file: {path}")
+    if path.suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported data file type {path.suffix!r}; use .parquet, .jsonl or .json")
+    inputs.check_data_file(path, "data file")
     if path.suffix == ".parquet":
         import pandas as pd
 
         return pd.read_parquet(path).to_dict("records")
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, list) else [data]
-    raise ValueError(f"{path}: unsupported data file type {path.suffix!r}; use .parquet, .jsonl or .json")
+        return inputs.read_jsonl(path, "data file")
+    data = inputs.read_json(path, "data file")
+    return data if isinstance(data, list) else [data]
 
 
 def benchmark_rows(name: str) -> list[dict]:

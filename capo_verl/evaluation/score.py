@@ -28,11 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from capo_verl import inputs
 from capo_verl import metrics as M
 from capo_verl.evaluation import REQUIRED_FIELDS
 
 #: marks a folder that ``capo-verl eval score`` made (:func:`check_out_dir`)
 MARKER = ".capo-verl-eval-score.json"
+
+#: what ``eval score`` writes into ``--out``: replaced as a whole, the folder's other entries kept
+OUTPUTS = ("metrics.json", "report.md", "precision_coverage.png", "accuracy_vs_auc.png", MARKER)
 
 #: Coverage levels at which precision is reported (paper Figure 4's x axis in steps of 0.1).
 COVERAGE_LEVELS = tuple(round(0.1 * i, 1) for i in range(1, 11))
@@ -139,7 +143,9 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the path is a folder, the file is empty or not UTF-8, or a line is not a JSON object,
+        ValueError: the path is a folder, a symlink loop, not a JSON-lines file by its first bytes or a sparse file
+            (:func:`capo_verl.inputs.check_data_file`), the file is empty or not UTF-8, a line is too long
+            (:data:`capo_verl.inputs.MAX_LINE_BYTES`), or a line is not a JSON object,
             lacks a field of :data:`REQUIRED_FIELDS`, or has a value of the wrong type or range:
             ``data_source`` a non-empty string, ``question_id`` a string or finite number, ``sample_index``
             and ``num_tokens`` integers >= 0, ``response`` a string, ``answer`` a string or null,
@@ -149,17 +155,19 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
             file). The message names the file and line.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no such generation file: {path} (write one with `capo-verl eval generate`)")
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; pass a generation .jsonl file (from `capo-verl eval generate`)")
+    inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
+        path,
+        "generation file",
+        hint="write one with `capo-verl eval generate`",
+        folder_hint="pass a generation .jsonl file (from `capo-verl eval generate`)",
+    )
     cols: dict[str, list] = {
         f: [] for f in ("data_source", "question_id", "answer", "correct", "lpm", "num_tokens", "truncated")
     }
     first_line: dict[tuple[str, str, int], int] = {}  # (data_source, question_id, sample_index) -> line
     questions: dict[tuple[str, str], list[int]] = {}  # (data_source, question_id) -> [first line, responses]
     with open(path, "rb") as f:
-        for i, raw in enumerate(f, 1):
+        for i, raw in inputs.numbered_lines(f, path):  # a line beyond its bound refused before it is held whole
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -526,6 +534,10 @@ def score_runs(
 ) -> dict:
     """Score labelled generation files and write ``metrics.json``, ``report.md`` and the plots to ``out_dir``.
 
+    Every file is read and scored before anything is written; the folder is then written whole or not at all
+    (:class:`capo_verl.outputs.Outputs`: built beside ``out_dir`` and moved in with one rename, under a lock). Its
+    entries other than :data:`OUTPUTS` are kept.
+
     Args:
         runs: ``{label: path}`` (see :func:`parse_labelled`); order = column order in the report.
         out_dir: created if needed; marked with :data:`MARKER` (:func:`check_out_dir`).
@@ -540,25 +552,33 @@ def score_runs(
     Raises:
         ValueError: no runs, an ``out_dir`` refused by :func:`check_out_dir`, or a generation file is malformed
             (see :func:`read_generations`; every file is read and checked before anything is written).
+        capo_verl.outputs.InputIsOutput: ``out_dir`` is, or owns, a generation file.
+        capo_verl.outputs.OutputLocked: another process writes ``out_dir``.
         FileNotFoundError: a generation file does not exist.
     """
+    from capo_verl.outputs import Outputs
+
     if not runs:
         raise ValueError("no generation files given: pass --generations [LABEL=]PATH.jsonl ...")
-    out_dir = check_out_dir(out_dir, overwrite)
+    outs = Outputs("eval score")
+    outs.input("--generations", *runs.values())
+    report = outs.folder("--out", check_out_dir(out_dir, overwrite), owns=OUTPUTS)
+    outs.check()
     cols = {label: read_generations(path) for label, path in runs.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MARKER).write_text(json.dumps({"runs": {l: str(p) for l, p in runs.items()}}, indent=1) + "\n")
     results = {label: score_generations(c, levels) for label, c in cols.items()}
-    (out_dir / "metrics.json").write_text(
-        json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"
-    )
-    pngs: list[str] = []
-    if plots:
-        from capo_verl.evaluation import plots as P
+    with outs.writing():  # into a sibling folder, moved in whole at the end
+        stage = report.stage
+        (stage / MARKER).write_text(json.dumps({"runs": {l: str(p) for l, p in runs.items()}}, indent=1) + "\n")
+        (stage / "metrics.json").write_text(
+            json.dumps(_json_safe(results), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+        )
+        pngs: list[str] = []
+        if plots:
+            from capo_verl.evaluation import plots as P
 
-        pngs.append(str(P.plot_precision_coverage(cols, out_dir / "precision_coverage.png")))
-        pngs.append(str(P.plot_accuracy_vs_auc(results, out_dir / "accuracy_vs_auc.png")))
-    write_report(
-        results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()}, out_dir, pngs
-    )
+            pngs.append(str(P.plot_precision_coverage(cols, stage / "precision_coverage.png")))
+            pngs.append(str(P.plot_accuracy_vs_auc(results, stage / "accuracy_vs_auc.png")))
+        write_report(
+            results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()}, stage, pngs
+        )
     return results

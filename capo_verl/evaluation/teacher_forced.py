@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capo_verl import inputs
 from capo_verl import metrics as M
 
 logger = logging.getLogger("capo_verl.evaluation")
@@ -78,14 +79,16 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
             the fields above or holding a wrong type (the message names the file and line).
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no such pool file: {path} (write one with `capo-verl eval generate`)")
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; pass a pool .jsonl file (from `capo-verl eval generate`)")
+    inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
+        path,
+        "pool file",
+        hint="write one with `capo-verl eval generate`",
+        folder_hint="pass a pool .jsonl file (from `capo-verl eval generate`)",
+    )
     out: list[dict] = []
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            lines = list(f)
+    with open(path, "rb") as f:
+        try:  # each line read with a bound: one beyond it is refused before it is held whole
+            lines = [raw.decode("utf-8") for _, raw in inputs.numbered_lines(f, path)]
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}: not UTF-8 text ({e.reason}); is this a `capo-verl eval generate` output?") from e
     for i, line in enumerate(lines, 1):

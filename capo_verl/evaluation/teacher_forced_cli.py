@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from capo_verl import commands
+from capo_verl import commands, outputs
 from capo_verl.evaluation.score import parse_labelled
 from capo_verl.evaluation.teacher_forced import (
     ScoreInfo,
@@ -90,14 +90,18 @@ def _finite_or_none(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], Path, list[dict]]:
-    """Every check that needs no model: options, ``--out``, the pool, the checkpoints' folders and the prompts.
+def check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], outputs.Outputs, list[dict]]:
+    """Every check that needs no model: options, ``--out`` and its lpm files against every input, the pool, the
+    checkpoints' folders and the prompts. Writes nothing.
 
     Returns:
-        ``(models, out, pool)``: ``{label: path}``, the ``--out`` path and the pool's records.
+        ``(models, outs, pool)``: ``{label: path}``; the run's :class:`~capo_verl.outputs.Outputs`, whose outputs are
+        ``--out`` and then one ``OUT_STEM.N.npy`` per model, in ``models`` order; the pool's records.
 
     Raises:
         UsageError: ``--threads`` outside the usable cores; an ``--out`` that is not ``.json`` or cannot be written.
+        capo_verl.outputs.InputIsOutput: ``--out`` or an lpm file is the pool, a data file, a checkpoint or the
+            tokenizer (or a file inside one of their folders).
         ValueError, FileNotFoundError: a bad ``--dtype`` or ``--device``, pool, checkpoint or data
             (:func:`~capo_verl.evaluation.teacher_forced.read_pool`, ...).
     """
@@ -108,12 +112,20 @@ def check_arguments(args: argparse.Namespace) -> tuple[dict[str, str], Path, lis
     torch_dtype(args.dtype)
     resolve_device(args.device)
     models = parse_labelled(args.model, what="--model", default_label=str)
-    out = commands.check_out_file(args.out, "--out", suffix=".json")
+    outs = outputs.Outputs(COMMAND)
+    outs.input("--pool", args.pool)
+    outs.input("--data", *args.data)
+    outs.input("--tokenizer", args.tokenizer)
+    outs.input("--model", *(path for path in models.values() if os.path.exists(os.path.expanduser(path))))
+    out = outs.file("--out", args.out, suffix=".json")
+    for n in range(len(models)):
+        outs.file("--out", out.path.with_name(f"{out.path.stem}.{n}.npy"))
+    outs.check()
     pool = read_pool(args.pool)
     for path in models.values():  # refuse a missing checkpoint before the first one is scored
         resolve_model_path(path)
     problems_for(pool, args.data, args.benchmarks)  # and a pool question missing from the data
-    return models, out, pool
+    return models, outs, pool
 
 
 def _model_entry(path: str, lpm: np.ndarray, lpm_file: Path, pool_columns: tuple, info: ScoreInfo) -> dict:
@@ -145,15 +157,19 @@ def run(args: argparse.Namespace) -> int:
     every line has a finite one), "settings", "models": {label: {"model", "metrics", "by_data_source", "lpm_file",
     "tokens", "wall_s"}}}``; ``lpm_file`` is a ``(n,)`` float64 ``.npy`` (nats) aligned with the pool's lines.
     Non-finite floats are written as null. Everything :func:`check_arguments` checks is checked before the first
-    model loads; nothing is written (no folder made) before the first model is scored.
+    model loads. ``--out`` and the lpm files are written whole, together, once every model is scored
+    (:class:`capo_verl.outputs.Outputs`: temporary siblings moved in at the end, under a lock): a run stopped or
+    failed part way leaves the files of the previous run as they were.
 
     Raises:
         UsageError, ValueError, FileNotFoundError: as :func:`check_arguments` and
             :func:`~capo_verl.evaluation.teacher_forced.score_pool`.
+        capo_verl.outputs.OutputLocked: another process writes ``--out``.
     """
     import torch
 
-    models, out, pool = check_arguments(args)
+    models, outs, pool = check_arguments(args)
+    out, lpm_files = outs.outputs[0], outs.outputs[1:]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     keys = question_keys(pool)
@@ -176,33 +192,32 @@ def run(args: argparse.Namespace) -> int:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in own):
         result["pool_metrics"] = _finite_or_none(teacher_forced_metrics(own, correct, keys))
     result["models"] = {}
-    for n, (label, path) in enumerate(models.items()):
-        info = ScoreInfo(model=path)
-        lpm = score_pool(
-            path,
-            pool,
-            data=args.data,
-            benchmarks=args.benchmarks,
-            tokenizer=args.tokenizer,
-            dtype=args.dtype,
-            batch_size=args.batch_size,
-            device=args.device,
-            info=info,
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        lpm_file = out.with_name(f"{out.stem}.{n}.npy")
-        np.save(lpm_file, lpm)
-        entry = result["models"][label] = _model_entry(path, lpm, lpm_file, (correct, keys, sources), info)
-        out.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a kill keeps the finished ones
-        metrics = entry["metrics"]
-        print(
-            f"{label}: AUC-mean {_fmt(metrics['auc_mean'])} ({metrics['n_mixed_questions']} mixed "
-            f"questions), lpm correct {_fmt(metrics['lpm_correct_mean'])} / incorrect "
-            f"{_fmt(metrics['lpm_incorrect_mean'])} nats, "
-            f"{info.response_tokens / max(info.forward_s, 1e-9):.0f} response tokens/s",
-            file=sys.stderr,
-        )
-    print(f"wrote {out}", file=sys.stderr)
+    with outs.writing():  # locked; every file moved in once all models are scored
+        for (label, path), lpm_file in zip(models.items(), lpm_files, strict=True):
+            info = ScoreInfo(model=path)
+            lpm = score_pool(
+                path,
+                pool,
+                data=args.data,
+                benchmarks=args.benchmarks,
+                tokenizer=args.tokenizer,
+                dtype=args.dtype,
+                batch_size=args.batch_size,
+                device=args.device,
+                info=info,
+            )
+            np.save(lpm_file.stage, lpm)
+            entry = result["models"][label] = _model_entry(path, lpm, lpm_file.path, (correct, keys, sources), info)
+            metrics = entry["metrics"]
+            print(
+                f"{label}: AUC-mean {_fmt(metrics['auc_mean'])} ({metrics['n_mixed_questions']} mixed "
+                f"questions), lpm correct {_fmt(metrics['lpm_correct_mean'])} / incorrect "
+                f"{_fmt(metrics['lpm_incorrect_mean'])} nats, "
+                f"{info.response_tokens / max(info.forward_s, 1e-9):.0f} response tokens/s",
+                file=sys.stderr,
+            )
+        out.stage.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.path}", file=sys.stderr)
     return 0
 
 
