@@ -144,7 +144,7 @@ def test_every_registered_estimator_is_in_verls_registry():
 
 
 @pytest.mark.parametrize("name", estimator_names())
-def test_estimator_on_cuda_matches_cpu_float64(batches, name):
+def test_estimator_on_cuda_matches_cpu_float64(batches, name, record_property):
     cuda, ref = batches
     adv, returns, metrics = run_compute_advantage(name, cuda)
     adv_ref, _, metrics_ref = run_compute_advantage(name, ref)
@@ -155,6 +155,8 @@ def test_estimator_on_cuda_matches_cpu_float64(batches, name):
     assert torch.isfinite(got).all()
     assert (got[~mask] == 0).all(), "nonzero advantage on padding"
     diff = (got - adv_ref).abs()
+    record_property("measured:advantages_max_abs_diff", diff.max().item())  # junit xml: read by device_record.py
+    record_property("tolerance:advantages_max_abs_diff", ADV_ATOL)
     assert diff.max().item() <= ADV_ATOL, f"{name}: max |CUDA - CPU float64| = {diff.max().item():.3g}"
     # outcome estimators give one advantage per response: compare masks and signs per row
     row = torch.where(mask, got, torch.nan).nanmean(-1)
@@ -164,6 +166,10 @@ def test_estimator_on_cuda_matches_cpu_float64(batches, name):
     clear = row_ref.abs() > ADV_ATOL
     assert torch.equal(row[clear].sign(), row_ref[clear].sign()), f"{name}: an advantage's sign flipped"
     assert set(metrics) == set(metrics_ref)
+    worst = max((abs(v - metrics_ref[k]) for k, v in metrics.items() if isinstance(v, float) and not np.isnan(v)),
+                default=0.0)  # fmt: skip
+    record_property("measured:step_metrics_max_abs_diff", worst)
+    record_property("tolerance:step_metrics_max_abs_diff", METRIC_ATOL)
     for key, value in metrics.items():
         if isinstance(value, float) and np.isnan(value):
             assert np.isnan(metrics_ref[key]), key
