@@ -4,7 +4,7 @@ What a run does (world size 1; the process group is verl's ``initialize_global_p
 capo-verl's CPU platform on the CPU, ``cpu:gloo,cuda:nccl`` on CUDA):
 
 1. Inputs, made once on the CPU and shared by every run that names the same ``--inputs`` folder: a tiny random
-   Qwen2 (``capo_verl.models.tiny_model_checkpoint``: 2 layers, width 128, vocabulary 384, ``init_std`` 0.5 so its
+   Qwen2 (``capo_verl.cpu.models.tiny_model_checkpoint``: 2 layers, width 128, vocabulary 384, ``init_std`` 0.5 so its
    next-token distributions are peaked) and a batch in verl's trainer layout: 4 GSM8K questions in the chat
    template (left padding) x 4 responses sampled from that model and cut at 8 to 32 tokens (right padding),
    0/1 outcomes with 3 mixed groups and one all-correct one.
