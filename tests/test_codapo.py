@@ -114,11 +114,16 @@ def authors_codapo(rewards, mask, log_probs, index, norm_by_std=True, weight_off
     return out
 
 
+#: the old log-probs of the random batches (tests/conftest.py's make_random_dataproto): mean, std, clamped at 0 (a
+#: log-prob is <= 0: the estimators refuse a response whose mean is above it)
+OLD = (-0.8, 0.5, True)
+
+
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("reward_kind", ["binary", "pm1"])
 def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, norm_by_std, reward_kind, seq):
     for seed in range(8):
-        data = random_dataproto(seed, reward_kind)
+        data = random_dataproto(seed, reward_kind, old_log_probs=OLD)
         cfg = OmegaConf.create(
             {
                 "adv_estimator": "codapo",
@@ -135,7 +140,11 @@ def test_matches_authors_code_through_both_verl_call_sites(random_dataproto, nor
         # two separate batches (DataProto.select() without keys shares its TensorDict)
         legacy = ray_trainer.compute_advantage(data, adv_estimator="codapo", config=cfg)
         v1 = v1_utils.compute_advantage_for_multi_trajectories(
-            random_dataproto(seed, reward_kind), batch_keys=[], adv_estimator="codapo", config=cfg, num_repeat=4
+            random_dataproto(seed, reward_kind, old_log_probs=OLD),
+            batch_keys=[],
+            adv_estimator="codapo",
+            config=cfg,
+            num_repeat=4,
         )
         assert legacy.batch is not v1.batch
         for out in (legacy, v1):

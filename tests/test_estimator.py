@@ -281,9 +281,10 @@ def test_tau_range_is_float32s(tau, ok):
 
 @pytest.mark.parametrize("tau", [3e-39, 1e-20, 0.6, 1e20, F32_MAX])
 def test_extreme_lpm_gaps_never_give_nan(tau):
-    """lpm gaps from 0 (a tie) to 4e38 (the float32 difference overflows to inf), at both ends of tau's range: finite
-    advantages; for a small tau the weights are the step function (1 misranked, 1/2 tied, 0 ranked)."""
-    lpm = torch.tensor([-1.0, -1.0, -2.0, 2e38, -2e38, -2e38, 1e30, 0.0])
+    """lpm gaps from 0 (a tie) to 3.4e38 (float32's largest: scaled by 1 / tau it overflows to inf), at both ends of
+    tau's range: finite advantages; for a small tau the weights are the step function (1 misranked, 1/2 tied, 0
+    ranked)."""
+    lpm = torch.tensor([-1.0, -1.0, -2.0, 0.0, -F32_MAX, -F32_MAX, -1e-30, 0.0])
     correct = torch.tensor([True, False, True, True, False, True, False, False])
     gid = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
     adv = capo_pairwise_advantages(lpm, correct, torch.ones(8, dtype=torch.bool), gid, 3, tau)
@@ -338,7 +339,7 @@ def test_advantage_is_minus_tau_times_the_surrogate_gradient(tau, normalize, use
         sizes = rng.integers(1, 11, rng.integers(2, 7))  # ragged, lone responses included
         groups = np.concatenate([[g] * s for g, s in enumerate(sizes)])[rng.permutation(sizes.sum())]
         bs = len(groups)
-        lpm = rng.normal(-1.0, 0.4, bs).astype(np.float32)
+        lpm = np.minimum(rng.normal(-1.0, 0.4, bs), 0.0).astype(np.float32)  # log-probs: <= 0
         correct = rng.random(bs) < 0.5
         lengths = rng.integers(0, 6, bs)  # some responses without valid tokens
         ppl = rng.uniform(1.0, 3.0, bs)

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
+    check_log_prob_means,
     check_number,
     check_positive,
     group_layout,
@@ -219,6 +220,7 @@ def capo_pairwise_advantages(
 
     Raises:
         ValueError: ``tau`` outside float32's range (:func:`check_tau`) or an unknown ``normalize``.
+        EstimatorInputError: ``lpm`` complex, or above 0 nats where ``valid`` (:func:`~.common.check_log_prob_means`).
 
     Memory: O(bs + PAIR_BLOCK). The groups with both outcomes are taken per distinct size s, as ``(n_s, s)`` tables
     of their lpm, and the weights of at most :data:`PAIR_BLOCK` pairs exist at a time (several groups of a size at
@@ -226,6 +228,7 @@ def capo_pairwise_advantages(
     groups.
     """
     scale = -1.0 / check_tau(tau)  # float32(scale) is finite and nonzero (check_tau)
+    check_log_prob_means("capo", "lpm", lpm, valid)
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"algorithm.capo.normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
     bs, device = lpm.shape[0], lpm.device

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
+    check_log_prob_means,
     check_number,
     check_positive,
     grpo_group_advantages,
@@ -150,7 +151,11 @@ def cde_advantages(
 
     Returns:
         ``(advantage, shaped_reward, bonus)``, each ``(bs,)`` float32.
+
+    Raises:
+        EstimatorInputError: ``lpm`` complex or above 0 nats (:func:`~.common.check_log_prob_means`).
     """
+    check_log_prob_means("cde", "lpm", lpm)
     outcome = torch.where(correct, 1.0, -1.0).to(torch.float32)
     bonus = -lpm.to(torch.float32)
     shaped = cde_shaped_rewards(outcome, bonus, w, kappa, alpha)

@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from capo_verl.estimators.common import (
+    check_log_prob_means,
     check_number,
     grpo_group_advantages,
     norm_adv_by_std,
@@ -217,8 +218,13 @@ def codapo_group_weights(
         ``(weight, confidence, difficulty_weight)``, each ``(n_groups,)`` float32: the weight, c = exp(mean lpm)
         (a probability-like number in (0, 1]) and 4 p (1 - p) in [0, 1].
 
+    Raises:
+        EstimatorInputError: ``lpm`` complex or above 0 nats (:func:`~.common.check_log_prob_means`): its confidence
+            exp(lpm) would exceed 1.
+
     Source: tmlr-group/CoDaPO ``compute_codapo_advantage`` (``weight = c_weight * d_weight + weight_offset``).
     """
+    check_log_prob_means("codapo", "lpm", lpm)
     sizes = torch.bincount(gid, minlength=n_groups)
     p = _group_mean(correct, gid, sizes)
     difficulty_weight = 4.0 * p * (1.0 - p)

@@ -23,6 +23,10 @@ from capo_verl.metrics import capo_step_metrics
 logger = logging.getLogger("capo_verl")
 
 __all__ = [
+    "EstimatorInputError",
+    "LOG_PROB_TOLERANCE",
+    "check_log_prob_means",
+    "check_reference_ppl",
     "BatchView",
     "read_batch",
     "norm_adv_by_std",
@@ -44,6 +48,70 @@ __all__ = [
 
 #: Rows per block of :func:`row_sweep` on CPU: a block of every input stays in cache across its row sums.
 _CPU_ROW_BLOCK = 256
+
+#: A response's mean token log-prob (nats) above this is no log-probability: 0 up to float rounding is accepted.
+LOG_PROB_TOLERANCE = 1e-4
+
+
+class EstimatorInputError(ValueError):
+    """A value no estimator can use (a mask outside {0, 1}, complex or positive log-probs, a reference perplexity
+    below 1): the message names the argument, the rows and the range it must lie in."""
+
+
+def _rows(bad: torch.Tensor, values: torch.Tensor | None = None) -> str:
+    rows = bad.nonzero().flatten()[:5].tolist()
+    shown = "" if values is None else f" (values {[round(float(values[r]), 4) for r in rows]})"
+    more = "..." if int(bad.sum()) > 5 else ""
+    return f"{int(bad.sum())} response(s), rows {rows}{more}{shown}"
+
+
+def check_log_prob_means(estimator: str, key: str, means: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+    """Refuse a response whose mean token log-prob is above 0 (+ :data:`LOG_PROB_TOLERANCE`): a log-probability lies
+    in (-inf, 0]. O(bs): the check of the fast path, on the sequence means it computes anyway.
+
+    Args:
+        estimator: the estimator's name, for the message.
+        key: the argument or batch key the means come from (``old_log_probs``, ``lpm`` ...).
+        means: ``(bs,)`` real mean token log-prob per response (nats).
+        valid: ``(bs,)`` bool, responses with a valid token (others are 0 by definition), or None for all.
+
+    Raises:
+        EstimatorInputError: naming ``key``, the rows and the allowed range; also for a complex ``means``.
+    """
+    if means.is_complex():
+        raise EstimatorInputError(f"{estimator}: {key} is complex ({means.dtype}); log-probs are real, in (-inf, 0]")
+    bad = means > LOG_PROB_TOLERANCE
+    if valid is not None:
+        bad &= valid
+    if bad.any():
+        raise EstimatorInputError(
+            f"{estimator}: {key} has a mean token log-prob above 0 nats for {_rows(bad, means)}; a log-probability "
+            f"lies in (-inf, 0] (up to {LOG_PROB_TOLERANCE:g} of float rounding): is it a probability, a logit or a "
+            "negated log-prob?"
+        )
+
+
+def check_reference_ppl(estimator: str, ref_ppl: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+    """Refuse a reference perplexity below 1 (beyond float rounding): ``exp(-mean ref_log_prob)`` lies in [1, inf).
+
+    Args:
+        estimator: the estimator's name, for the message.
+        ref_ppl: ``(bs,)`` real reference perplexity per response.
+        valid: ``(bs,)`` bool, responses with a valid token, or None for all.
+
+    Raises:
+        EstimatorInputError: naming ``ref_ppl`` (and ``ref_log_prob``, its source), the rows and the range.
+    """
+    if ref_ppl.is_complex():
+        raise EstimatorInputError(f"{estimator}: ref_ppl is complex ({ref_ppl.dtype}); a perplexity is real, >= 1")
+    bad = ref_ppl < math.exp(-LOG_PROB_TOLERANCE)
+    if valid is not None:
+        bad &= valid
+    if bad.any():
+        raise EstimatorInputError(
+            f"{estimator}: the reference perplexity exp(-mean ref_log_prob) is below 1 for {_rows(bad, ref_ppl)}; a "
+            "perplexity lies in [1, inf): ref_log_prob must be the reference model's log-probs (nats, <= 0)"
+        )
 
 
 # --- the per-step metrics queue ------------------------------------------------------------------------------------
@@ -84,6 +152,8 @@ def row_sweep(response_mask, masked: dict, rewards=None):
 
     Raises:
         ValueError: a shape differs from ``response_mask``'s, or NaN/inf at a valid token.
+        EstimatorInputError: ``response_mask`` holds a value other than 0 and 1 (checked on each block while it is in
+            cache: its minimum and maximum, and for a floating-point mask its count of nonzeros against its sum).
     """
     shape = response_mask.shape
     for key, x in [*masked.items(), ("token_level_rewards", rewards)]:
@@ -95,16 +165,26 @@ def row_sweep(response_mask, masked: dict, rewards=None):
     sums = {key: torch.empty(bs, dtype=torch.float32, device=device) for key in masked}
     reward_sum = None if rewards is None else torch.empty(bs, dtype=torch.float32, device=device)
     block = _CPU_ROW_BLOCK if device.type == "cpu" else max(bs, 1)
+    check_mask = response_mask.dtype != torch.bool and response_mask.numel() > 0
+    fractional = response_mask.is_floating_point()
+    mask_ok = torch.ones((), dtype=torch.bool, device=device)
     for start in range(0, bs, block):
         rows = slice(start, start + block)
         m = mask_f32[rows]
         m.copy_(response_mask[rows])
         torch.sum(m, -1, out=n_valid[rows])
+        if check_mask:  # values in {0, 1}: within [0, 1], and (float) as many nonzeros as their sum
+            low, high = torch.aminmax(m)
+            mask_ok &= (low >= 0) & (high <= 1)
+            if fractional:
+                mask_ok &= torch.equal(torch.count_nonzero(m, -1).to(torch.float32), n_valid[rows])
         for key, x in masked.items():
             # row-wise dot product with the mask: the fastest masked row sum on CPU (benchmarks/capo_speed.py)
             sums[key][rows] = torch.linalg.vecdot(x[rows].to(torch.float32), m)
         if rewards is not None:
             torch.sum(rewards[rows], -1, dtype=torch.float32, out=reward_sum[rows])
+    if check_mask and not bool(mask_ok):
+        _refuse_mask(response_mask)
     for key, x in masked.items():
         if not torch.isfinite(sums[key]).all():
             # NaN * 0 is NaN: re-sum ignoring padding before deciding the input is bad.
@@ -117,6 +197,18 @@ def row_sweep(response_mask, masked: dict, rewards=None):
                     f"check the log-prob computation that produced {key}"
                 )
     return mask_f32, n_valid, sums, reward_sum
+
+
+def _refuse_mask(response_mask: torch.Tensor) -> None:
+    """Raise :class:`EstimatorInputError` naming the rows of ``response_mask`` that hold a value other than 0 and 1."""
+    bad_values = (response_mask != 0) & (response_mask != 1)
+    bad = bad_values.any(-1)
+    values = sorted({round(float(v), 4) for v in response_mask[bad_values][:20].tolist()})
+    raise EstimatorInputError(
+        f"response_mask must hold only 0 and 1 (1 on valid response tokens), but {_rows(bad)} hold {values}; a "
+        "weight of 2 would scale the advantages and -1 would flip them: pass the 0/1 mask verl builds "
+        "(attention_mask over the response)"
+    )
 
 
 def group_ids(index, bs: int, estimator: str = "capo") -> tuple[np.ndarray, int]:
@@ -190,12 +282,18 @@ def check_tensors(estimator: str, **tensors) -> None:
 
     Raises:
         TypeError: naming the key, the type given and the conversion (``torch.as_tensor``).
+        EstimatorInputError: a complex tensor, naming the key and what its values must be.
     """
     for key, value in tensors.items():
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(
                 f"{estimator}: {key} must be a torch.Tensor of shape (bs, response_length), as in verl's data.batch, "
                 f"got {type(value).__module__}.{type(value).__qualname__}; pass {key}=torch.as_tensor({key})"
+            )
+        if value is not None and value.is_complex():
+            allowed = "0 and 1" if key == "response_mask" else "real numbers" if "reward" in key else "(-inf, 0] nats"
+            raise EstimatorInputError(
+                f"{estimator}: {key} is complex ({value.dtype}); it must be a real tensor, its values {allowed}"
             )
 
 
@@ -230,11 +328,17 @@ def optional_ref_sum(ref_log_prob: torch.Tensor, response_mask: torch.Tensor, es
     when it has NaN or inf at a valid token: then it is left out of the metrics (warned once), not refused."""
     try:
         return row_sweep(response_mask, {"ref_log_prob": ref_log_prob})[2]["ref_log_prob"]
+    except EstimatorInputError:  # the mask, which the advantages read too
+        raise
     except ValueError as exc:  # NaN/inf or a shape of a tensor the advantages do not read
-        if estimator not in _warned_unused_ref:
-            _warned_unused_ref.add(estimator)
-            logger.warning("%s: ref_log_prob is not used with the noise mask off and is left out (%s)", estimator, exc)
+        _warn_unused_ref(estimator, exc)
         return None
+
+
+def _warn_unused_ref(estimator: str, why) -> None:
+    if estimator not in _warned_unused_ref:
+        _warned_unused_ref.add(estimator)
+        logger.warning("%s: ref_log_prob is not used with the noise mask off and is left out (%s)", estimator, why)
 
 
 @dataclass
@@ -315,8 +419,11 @@ def read_batch(
         TypeError: an input that is not a ``torch.Tensor`` (e.g. a numpy array; :func:`check_tensors`).
         ValueError: missing ``uid``, log-probs (``need_lpm``) or ``ref_log_prob`` (``need_ref``); a shape mismatch;
             NaN/inf at a valid token of a log-prob that is used, or in a response's summed reward
-            (:func:`check_rewards`). Each message names the key and the fix. ``ref_log_prob`` with NaN while
-            ``need_ref`` is off is left out of the metrics instead (:func:`optional_ref_sum`).
+            (:func:`check_rewards`). Each message names the key and the fix. ``ref_log_prob`` with NaN, or with a
+            mean above 0, while ``need_ref`` is off is left out of the metrics instead (:func:`optional_ref_sum`).
+        EstimatorInputError: ``response_mask`` not 0/1 (:func:`row_sweep`); a complex input (:func:`check_tensors`);
+            a response whose mean behaviour log-prob, or (``need_ref``) mean ``ref_log_prob``, is above 0 nats
+            (:func:`check_log_prob_means`: a reference perplexity below 1).
     """
     check_tensors(
         estimator,
@@ -343,16 +450,26 @@ def read_batch(
         if sums["ref_log_prob"] is None:
             ref_log_prob = None
     denom = n_valid.clamp_min(1.0)
+    valid = n_valid > 0
+    lpm = None if lp_key is None else sums[lp_key] / denom
+    if lpm is not None:
+        check_log_prob_means(estimator, lp_key, lpm, valid)
+    ref_mean = None if ref_log_prob is None else sums["ref_log_prob"] / denom
+    if ref_mean is not None and need_ref:
+        check_log_prob_means(estimator, "ref_log_prob (a reference perplexity below 1)", ref_mean, valid)
+    elif ref_mean is not None and bool((valid & (ref_mean > LOG_PROB_TOLERANCE)).any()):
+        _warn_unused_ref(estimator, "it has a mean above 0 nats (a reference perplexity below 1)")
+        ref_mean = None
     return BatchView(
         gid_np=gid_np,
         gid=torch.from_numpy(gid_np).to(out.device),
         n_groups=n_groups,
         n_valid=n_valid,
-        valid=n_valid > 0,
+        valid=valid,
         score=score,
         correct=correct_mask(score, reward_threshold),
-        lpm=None if lp_key is None else sums[lp_key] / denom,
-        ref_ppl=None if ref_log_prob is None else torch.exp(-sums["ref_log_prob"] / denom),  # PPL_ref, Eq. 16
+        lpm=lpm,
+        ref_ppl=None if ref_mean is None else torch.exp(-ref_mean),  # PPL_ref, Eq. 16
         out=out,
     )
 
@@ -462,7 +579,11 @@ def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: f
     Returns:
         ``(bs,)`` bool, False where the response's advantage is dropped: correct with PPL_ref > ref_high,
         or incorrect with PPL_ref < ref_low.
+
+    Raises:
+        EstimatorInputError: a ``ref_ppl`` below 1 (:func:`check_reference_ppl`).
     """
+    check_reference_ppl("reference_ppl_mask", ref_ppl)
     return torch.where(correct, ref_ppl <= ref_high, ref_ppl >= ref_low)
 
 

@@ -1,0 +1,154 @@
+"""Values no estimator can use are refused (issue 65, section 6), with a ``ValueError`` naming the argument and the
+range it must lie in: a ``response_mask`` outside {0, 1} (2.0 used to scale the advantages, -1 to zero them), complex
+log-probs, a response whose mean log-prob is above 0 nats, a reference perplexity below 1. Every estimator, through
+its verl signature, and the public functions that take sequence values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from capo_verl.estimators import (
+    capo_pairwise_advantages,
+    cde_advantages,
+    codapo_group_weights,
+    compute_capo_outcome_advantage,
+    compute_cde_outcome_advantage,
+    compute_codapo_outcome_advantage,
+    compute_grpo_mask_outcome_advantage,
+    pop_step_metrics,
+    reference_ppl_mask,
+)
+from capo_verl.estimators.common import LOG_PROB_TOLERANCE, EstimatorInputError
+
+ESTIMATORS = {
+    "capo": (compute_capo_outcome_advantage, {"capo": {"use_mask": True, "ref_high": 20.0, "ref_low": 1.0}}),
+    "grpo_mask": (compute_grpo_mask_outcome_advantage, {"capo": {"use_mask": True, "ref_high": 20.0, "ref_low": 1.0}}),
+    "codapo": (compute_codapo_outcome_advantage, {}),
+    "cde": (compute_cde_outcome_advantage, {}),
+}
+
+
+def batch(bs: int = 4, T: int = 3, mask_dtype=torch.int64):
+    """Two groups of two, one correct and one incorrect response each, every token valid."""
+    rewards = torch.zeros(bs, T)
+    rewards[::2, -1] = 1.0
+    g = torch.Generator().manual_seed(0)
+    return {
+        "token_level_rewards": rewards,
+        "response_mask": torch.ones(bs, T, dtype=mask_dtype),
+        "index": np.array(["a", "a", "b", "b"][:bs], dtype=object),
+        "old_log_probs": -torch.rand(bs, T, generator=g) - 0.1,
+        "ref_log_prob": -torch.rand(bs, T, generator=g) - 0.1,
+    }
+
+
+def run(name, inputs):
+    fn, cfg = ESTIMATORS[name]
+    try:
+        return fn(**inputs, config=OmegaConf.create(cfg))
+    finally:
+        pop_step_metrics()
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+@pytest.mark.parametrize(
+    "dtype, value", [(torch.float32, 2.0), (torch.int64, -1), (torch.float32, 0.5), (torch.int64, 2)]
+)
+def test_a_mask_outside_0_and_1_is_refused(name, dtype, value):
+    inputs = batch(mask_dtype=dtype)
+    inputs["response_mask"][1, 2] = value
+    with pytest.raises(EstimatorInputError, match=r"response_mask must hold only 0 and 1 .*rows \[1\]"):
+        run(name, inputs)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.int32, torch.float32, torch.bfloat16])
+def test_a_0_1_mask_of_any_dtype_passes_and_gives_the_same_advantages(name, dtype):
+    inputs = batch()
+    inputs["response_mask"][0, 2] = 0  # padding
+    want, _ = run(name, inputs)
+    inputs["response_mask"] = inputs["response_mask"].to(dtype)
+    got, _ = run(name, inputs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+#: the batch keys each estimator reads (grpo_mask reads no behaviour log-probs; codapo and cde no reference)
+READS = {
+    "capo": ("old_log_probs", "ref_log_prob", "token_level_rewards", "response_mask"),
+    "grpo_mask": ("ref_log_prob", "token_level_rewards", "response_mask"),
+    "codapo": ("old_log_probs", "token_level_rewards", "response_mask"),
+    "cde": ("old_log_probs", "token_level_rewards", "response_mask"),
+}
+
+
+@pytest.mark.parametrize("name, key", [(name, key) for name, keys in READS.items() for key in keys])
+def test_complex_inputs_are_refused_naming_the_key(name, key):
+    inputs = batch()
+    inputs[key] = inputs[key].to(torch.complex64)
+    with pytest.raises(EstimatorInputError, match=rf"{name}: {key} is complex \(torch.complex64\); it must be a real"):
+        run(name, inputs)
+
+
+@pytest.mark.parametrize("name", ["capo", "codapo", "cde"])
+@pytest.mark.parametrize("key", ["old_log_probs", "rollout_log_probs"])
+def test_positive_log_probs_are_refused_naming_the_key_and_the_range(name, key):
+    inputs = batch()
+    if key == "rollout_log_probs":
+        inputs["rollout_log_probs"] = inputs.pop("old_log_probs")
+    inputs[key][3] = 0.4  # a probability, not a log-prob
+    with pytest.raises(
+        EstimatorInputError, match=rf"{name}: {key} has a mean token log-prob above 0 nats .*rows \[3\]"
+    ):
+        run(name, inputs)
+    inputs[key][3] = LOG_PROB_TOLERANCE / 2  # 0 up to float rounding
+    run(name, inputs)
+
+
+@pytest.mark.parametrize("name", ["capo", "grpo_mask"])
+def test_a_reference_perplexity_below_1_is_refused_where_the_mask_reads_it(name):
+    inputs = batch()
+    inputs["ref_log_prob"][2] = 0.3  # exp(-0.3) < 1
+    with pytest.raises(
+        EstimatorInputError, match=rf"{name}: ref_log_prob \(a reference perplexity below 1\).*rows \[2\]"
+    ):
+        run(name, inputs)
+    fn, _ = ESTIMATORS[name]
+    off = OmegaConf.create({"capo": {"use_mask": False}})
+    fn(**batch(), config=off)
+    reported = any("ref_ppl" in k for k in pop_step_metrics())  # capo reports an unused, sound reference
+    assert reported == (name == "capo")
+    fn(**inputs, config=off)  # not read with the mask off: no refusal, and left out of the metrics
+    assert not any("ref_ppl" in k for k in pop_step_metrics())
+
+
+def test_the_public_functions_of_sequence_values_refuse_them_too():
+    lpm = torch.tensor([-1.0, 0.5, -2.0, -0.5])
+    correct = torch.tensor([True, False, True, False])
+    gid = torch.tensor([0, 0, 1, 1])
+    valid = torch.ones(4, dtype=torch.bool)
+    with pytest.raises(EstimatorInputError, match=r"capo: lpm has a mean token log-prob above 0 .*rows \[1\]"):
+        capo_pairwise_advantages(lpm, correct, valid, gid, 2, 0.6)
+    capo_pairwise_advantages(lpm, correct, torch.tensor([True, False, True, True]), gid, 2, 0.6)  # not valid: unread
+    with pytest.raises(EstimatorInputError, match=r"codapo: lpm has a mean token log-prob above 0"):
+        codapo_group_weights(lpm, correct, gid, 2)
+    with pytest.raises(EstimatorInputError, match=r"cde: lpm has a mean token log-prob above 0"):
+        cde_advantages(correct, lpm, gid, 2, 0.5)
+    with pytest.raises(EstimatorInputError, match=r"lpm is complex"):
+        capo_pairwise_advantages(lpm.to(torch.complex64), correct, valid, gid, 2, 0.6)
+    with pytest.raises(
+        EstimatorInputError, match=r"reference perplexity .* is below 1 .*rows \[0\].*lies in \[1, inf\)"
+    ):
+        reference_ppl_mask(torch.tensor([0.9, 1.0, 2.0, 3.0]), correct, 2.5, 1.05)
+    assert reference_ppl_mask(torch.tensor([1.0, 1.0, 2.0, 3.0]), correct, 2.5, 1.05).tolist() == [
+        True,
+        False,
+        True,
+        True,
+    ]
+
+
+def test_every_refusal_is_a_value_error():
+    assert issubclass(EstimatorInputError, ValueError)
