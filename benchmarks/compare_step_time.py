@@ -1,7 +1,7 @@
 """Step time of the comparison's setting (``configs/compare_smollm2_135m_cpu.yaml``) under settings that leave the
 method's math unchanged, from verl's ``timing_s/*`` metrics.
 
-Each variant is one run of verl's trainer (under ``capo_verl.launch``) on SmolLM2-135M-Instruct with the compare
+Each variant is one run of verl's trainer (under ``capo_verl.cpu.launch``) on SmolLM2-135M-Instruct with the compare
 config, ``--prompts`` x 8 samples per step, no validation and no checkpoint; the first step is a warm-up and is
 dropped. Variants (``--variants``, in this order by default):
 
@@ -61,9 +61,9 @@ def variant_overrides(name: str, responses: int) -> list[str]:
 def run_variant(name: str, args, workdir: Path) -> dict:
     from capo_verl.compare.methods import METHODS
     from capo_verl.compare.running import main_ppo_command, train_env
+    from capo_verl.cpu.launch import launch_command
+    from capo_verl.cpu.models import SMOLLM2_NAME, cache_dir, smollm2_checkpoint
     from capo_verl.data import write_gsm8k_calc_parquet
-    from capo_verl.launch import launch_command
-    from capo_verl.models import SMOLLM2_NAME, cache_dir, smollm2_checkpoint
 
     smollm2_checkpoint(verbose=False)
     data = Path.home() / "data" / "capo" / "compare"

@@ -35,7 +35,7 @@ count there.
 ``--setting`` runs the trainer once per setting, each with its own interleaved plain ``generate``:
 
 - ``profile``: the CPU profile as it is (``enforce_eager: true``, vLLM's threads bound to every usable core by
-  ``capo_verl.compat.vllm_cpu.set_cpu_environment``);
+  ``capo_verl.cpu.vllm_cpu.set_cpu_environment``);
 - ``iomp``: the profile with ``LD_PRELOAD=<venv>/lib/libiomp5.so`` (Intel OpenMP) for the trainer's processes
   (plain ``generate`` keeps its default OpenMP);
 - ``compile``: the profile with ``actor_rollout_ref.rollout.enforce_eager=false`` (vLLM compiles the model with
@@ -463,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be >= 2")
     settings = args.setting or ["profile"]
 
+    from capo_verl.cpu.models import smollm2_checkpoint, tiny_model_checkpoint
     from capo_verl.data import write_gsm8k_calc_parquet
-    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="capo_rollout_speed_")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

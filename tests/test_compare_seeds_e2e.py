@@ -1,5 +1,5 @@
 """``capo-verl compare --seeds 0,1`` end to end on the tiny model: two training seeds x GRPO and CAPO through verl's
-trainer (four launches under capo_verl.launch), per-seed reports and the summary across seeds.
+trainer (four launches under capo_verl.cpu.launch), per-seed reports and the summary across seeds.
 
 CI-sized: 2 steps of 4 prompts x 4 samples, 16 validation questions x 4 samples at steps 0 and 2, the parity reward
 of tests/conftest.py (half of random text is "correct", so questions are mixed and AUC-mean is defined), and the

@@ -57,16 +57,8 @@ PATCHED_MODULES = {
     "capo_verl.compat.advantage._patch_v1_trainer": "verl.trainer.ppo.v1.trainer_base",
     "capo_verl.compat.codapo_sampling._patch_legacy_trainer": "verl.trainer.ppo.ray_trainer",
     "capo_verl.compat.codapo_sampling._patch_trainer": "verl.trainer.ppo.v1.trainer_base",
-    "capo_verl.compat.cpu._patch_distributed": "verl.utils.distributed",
-    "capo_verl.compat.cpu._patch_fsdp_engine": "verl.workers.engine.fsdp.transformer_impl",
-    "capo_verl.compat.cpu._patch_model_config": "verl.workers.config.model",
-    "capo_verl.compat.cpu._patch_replay_buffer": "verl.trainer.ppo.v1.replay_buffer",
-    "capo_verl.compat.cpu._register_platform": "verl.plugin.platform",
     "capo_verl.compat.methods._patch_validate_config": "verl.utils.config",
     "capo_verl.compat.methods._register_all": "verl.trainer.ppo.core_algos",
-    "capo_verl.compat.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
-    "capo_verl.compat.shm._record_shared_memory": "multiprocessing.shared_memory",
-    "capo_verl.compat.shm._remove_failed_buckets": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
     "capo_verl.compat.simko._patch_engine": "verl.workers.engine.fsdp.transformer_impl",
     "capo_verl.compat.simko._patch_policy_loss_config": "verl.workers.config",
     "capo_verl.compat.simko._patch_ppo_loss": "verl.workers.utils.losses",
@@ -74,16 +66,26 @@ PATCHED_MODULES = {
     "capo_verl.compat.validation._patch_agent_loop": "verl.experimental.agent_loop.agent_loop",
     "capo_verl.compat.validation._patch_legacy_trainer": "verl.trainer.ppo.ray_trainer",
     "capo_verl.compat.validation._patch_v1_trainer": "verl.trainer.ppo.v1.trainer_base",
-    "capo_verl.compat.vllm_cpu._bound_weight_sync": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
-    "capo_verl.compat.vllm_cpu._keep_cpu_linear_weights": "vllm.model_executor.layers.utils",
-    "capo_verl.compat.vllm_cpu._quant_utils_version": "verl.utils.vllm.vllm_quant_utils",
-    "capo_verl.compat.vllm_cpu._seed_requests": "verl.workers.rollout.vllm_rollout.vllm_async_server",
-    "capo_verl.compat.vllm_cpu._seeded_draws": "vllm.v1.sample.ops.topk_topp_sampler",
+    "capo_verl.cpu.platform._patch_distributed": "verl.utils.distributed",
+    "capo_verl.cpu.platform._patch_fsdp_engine": "verl.workers.engine.fsdp.transformer_impl",
+    "capo_verl.cpu.platform._patch_model_config": "verl.workers.config.model",
+    "capo_verl.cpu.platform._patch_replay_buffer": "verl.trainer.ppo.v1.replay_buffer",
+    "capo_verl.cpu.platform._register_platform": "verl.plugin.platform",
+    "capo_verl.cpu.profile._patch_validate_config": "verl.utils.config",
+    "capo_verl.cpu.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
+    "capo_verl.cpu.shm._record_shared_memory": "multiprocessing.shared_memory",
+    "capo_verl.cpu.shm._remove_failed_buckets": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
+    "capo_verl.cpu.vllm_cpu._bound_weight_sync": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
+    "capo_verl.cpu.vllm_cpu._keep_cpu_linear_weights": "vllm.model_executor.layers.utils",
+    "capo_verl.cpu.vllm_cpu._quant_utils_version": "verl.utils.vllm.vllm_quant_utils",
+    "capo_verl.cpu.vllm_cpu._seed_requests": "verl.workers.rollout.vllm_rollout.vllm_async_server",
+    "capo_verl.cpu.vllm_cpu._seeded_draws": "vllm.v1.sample.ops.topk_topp_sampler",
 }
 
 
 def test_every_patch_is_declared_with_the_module_it_changes():
-    from capo_verl.compat import advantage, codapo_sampling, cpu, methods, shm, simko, validation, vllm_cpu  # noqa: F401
+    from capo_verl.compat import advantage, codapo_sampling, methods, simko, validation  # noqa: F401
+    from capo_verl.cpu import platform, profile, shm, vllm_cpu  # noqa: F401
 
     assert {name: patch.module for name, patch in compat.PATCHES.items()} == PATCHED_MODULES
     for patch in compat.PATCHES.values():
@@ -95,7 +97,7 @@ def test_after_import_refuses_an_undeclared_patch():
         compat.after_import("capo_never_imported_module", lambda module: None)
     # declared for another module: refused too
     with pytest.raises(TypeError, match="for verl.utils.config"):
-        compat.after_import("verl.utils.config", compat.PATCHES["capo_verl.compat.cpu._patch_distributed"].apply)
+        compat.after_import("verl.utils.config", compat.PATCHES["capo_verl.cpu.platform._patch_distributed"].apply)
 
 
 class _StandIn(type):
@@ -136,6 +138,7 @@ def test_each_patch_fits_the_installed_code_and_refuses_a_changed_one(name):
     """Against the real installed verl / vLLM / library module: the declared targets hold as installed; with any one
     of them missing, or with a renamed parameter, applying the patch raises before it changes anything, naming the
     function and the installed release."""
+    importlib.import_module(name.rpartition(".")[0])  # declares it (the CPU port's are imported only off a GPU)
     patch = compat.PATCHES[name]
     module = importlib.import_module(patch.module)
     compat.check_targets(module, patch.module, patch.targets, patch.written_against)

@@ -307,7 +307,7 @@ def test_run_script_dry_run(configs, dry_runs, stand_in_python, name):
     assert cmd[4] == f"--config-name={name}"
     assert cmd[-1] == "trainer.test_freq=7"  # "$@" passed through, last
     assert f"# warning: {data_dir}/deepscaler_train.parquet does not exist yet" in out
-    # what the dry run's Python is given (capo_verl.launch --dry-run): the data files the script lacks, the command
+    # what the dry run's Python is given (capo_verl.cpu.launch --dry-run): the data files the script lacks, the command
     [given] = [ln.split()[3:] for ln in out.splitlines() if ln.startswith("# stand-in python: ")]
     assert given[given.index("--") + 1 :] == cmd
     assert given[: given.index("--")][:2] == ["--script-file", f"{data_dir}/deepscaler_train.parquet"]

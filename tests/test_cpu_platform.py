@@ -76,7 +76,7 @@ def test_replay_buffer_polls_often_on_cpu_and_keeps_an_explicit_interval():
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-    from capo_verl.compat.cpu import CPU_POLL_INTERVAL_S
+    from capo_verl.cpu.platform import CPU_POLL_INTERVAL_S
 
     kw = dict(
         trainer_mode="sync",
@@ -96,7 +96,7 @@ def test_attention_defaults_to_sdpa_and_flash_attention_is_refused(tmp_path):
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
-    from capo_verl.models import tiny_model_checkpoint
+    from capo_verl.cpu.models import tiny_model_checkpoint
 
     path = tiny_model_checkpoint(tmp_path / "tiny")
     cfg = omega_conf_to_dataclass(OmegaConf.create({"path": str(path)}), dataclass_type=HFModelConfig)
@@ -147,7 +147,8 @@ def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
 @pytest.mark.parametrize("api", ["cuda", "accelerator"])
 def test_a_host_where_torch_sees_an_accelerator_is_not_claimed_without_nvidia_smi(tmp_path, api):
     # verl's nvidia check needs the nvidia-smi binary (PATH or /usr/bin, /usr/local/bin, /usr/local/cuda/bin):
-    # without it, a CUDA container must fall back to nvidia as with verl alone, not to the cpu platform.
+    # without it, a CUDA container must fall back to nvidia as with verl alone, not to the cpu platform. The plugin
+    # does not install the CPU port there; and the cpu platform, registered by hand, declines the host too.
     for path in ("/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi", "/usr/local/cuda/bin/nvidia-smi"):
         if os.path.exists(path):
             pytest.skip(f"{path} exists on this host")
@@ -162,8 +163,11 @@ def test_a_host_where_torch_sees_an_accelerator_is_not_claimed_without_nvidia_sm
         import verl  # loads the plugin
         from verl.plugin.platform import PlatformRegistry
         from verl.plugin.platform.platform_manager import _detect_platform_name
-        from capo_verl.compat.cpu import torch_accelerator
-        print(torch_accelerator(), PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True),
+        from capo_verl.compat.host import torch_accelerator
+        registered = "cpu" in PlatformRegistry.registered_names()
+        import capo_verl.cpu
+        capo_verl.cpu.install()
+        print(torch_accelerator(), registered, PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True),
               _detect_platform_name())
         """
     )
@@ -172,14 +176,14 @@ def test_a_host_where_torch_sees_an_accelerator_is_not_claimed_without_nvidia_sm
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     name = {"cuda": "cuda", "accelerator": "xpu"}[api]
-    assert out.stdout.split() == [name, "False", "nvidia"]
+    assert out.stdout.split() == [name, "False", "False", "nvidia"]
 
 
 @needs_no_accelerator
 def test_torch_sees_no_accelerator_here_and_the_cpu_platform_claims_the_host():
     from verl.plugin.platform import PlatformRegistry
 
-    from capo_verl.compat.cpu import torch_accelerator
+    from capo_verl.compat.host import torch_accelerator
 
     assert torch_accelerator() is None
     assert PlatformRegistry.get("cpu")().is_platform_available(use_smi_check=True)
@@ -192,13 +196,13 @@ def test_a_probe_that_raises_counts_as_no_accelerator_and_is_logged(monkeypatch,
 
     import torch
 
-    from capo_verl.compat.cpu import torch_accelerator
+    from capo_verl.compat.host import torch_accelerator
 
     def broken():
         raise RuntimeError("driver init failed")
 
     monkeypatch.setattr(torch.cuda, "is_available", broken)
-    with caplog.at_level(logging.WARNING, logger="capo_verl.compat.cpu"):
+    with caplog.at_level(logging.WARNING, logger="capo_verl.compat.host"):
         torch_accelerator()
     [record] = [r for r in caplog.records if "torch.cuda.is_available()" in r.getMessage()]
     assert record.levelno == logging.WARNING
@@ -211,7 +215,7 @@ def test_another_platforms_failing_check_is_logged_and_does_not_claim_the_host(c
     import logging
     import types
 
-    from capo_verl.compat.cpu import PLATFORM_NAME, _claimed_by
+    from capo_verl.compat.host import CPU_PLATFORM, claimed_by
 
     class Broken:
         def is_platform_available(self, use_smi_check=False):
@@ -221,13 +225,13 @@ def test_another_platforms_failing_check_is_logged_and_does_not_claim_the_host(c
         def is_platform_available(self, use_smi_check=False):
             return True
 
-    platforms = {PLATFORM_NAME: Present, "broken": Broken}
+    platforms = {CPU_PLATFORM: Present, "broken": Broken}
     registry = types.SimpleNamespace(registered_names=lambda: tuple(platforms), get=platforms.get)
-    with caplog.at_level(logging.DEBUG, logger="capo_verl.compat.cpu"):
-        assert _claimed_by(registry, use_smi_check=True) is None  # the cpu platform itself is never counted
+    with caplog.at_level(logging.DEBUG, logger="capo_verl.compat.host"):
+        assert claimed_by(registry, use_smi_check=True) is None  # the cpu platform itself is never counted
     assert "platform 'broken'" in caplog.text and "OSError: driver gone" in caplog.text
     platforms["present"] = Present
-    assert _claimed_by(registry, use_smi_check=True) == "present"
+    assert claimed_by(registry, use_smi_check=True) == "present"
 
 
 def test_a_platform_base_with_an_abstract_method_the_cpu_platform_lacks_is_refused():
@@ -237,7 +241,7 @@ def test_a_platform_base_with_an_abstract_method_the_cpu_platform_lacks_is_refus
 
     from verl.plugin import platform
 
-    from capo_verl.compat.cpu import _register_platform
+    from capo_verl.cpu.platform import _register_platform
 
     class PlatformBase(platform.PlatformBase):
         @abc.abstractmethod

@@ -113,8 +113,8 @@ def test_lines_well_formed_and_lpm_is_the_raw_model_log_prob(engine, hf_model, t
     assert by_q == {10: [0, 1, 2, 3], 11: [0, 1, 2, 3], 12: [0, 1, 2, 3]}
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     assert meta["backend"] == "vllm" and meta["model"] == "smollm2" and meta["k"] == 4
-    # dtype="auto" on CPU: bfloat16 with bf16 instructions, float32 without (capo_verl.precision)
-    from capo_verl.precision import cpu_compute_dtype
+    # dtype="auto" on CPU: bfloat16 with bf16 instructions, float32 without (capo_verl.cpu.precision)
+    from capo_verl.cpu.precision import cpu_compute_dtype
 
     assert meta["dtype"] == engine.dtype == cpu_compute_dtype().dtype
     assert meta["temperature"] == temperature and meta["top_p"] == top_p
@@ -260,7 +260,7 @@ def test_device_and_gguf_errors(tmp_path):
     with pytest.raises(ValueError, match=f"--device {other}, but the installed vLLM .* runs on {found}"):
         V.vllm_device(other)
     # the bundled SmolLM2 GGUF resolves to its converted checkpoint folder; other GGUF files are refused
-    from capo_verl import models
+    from capo_verl.cpu import models
 
     assert V.resolve_model(str(models.gguf_path())) == V.resolve_model("smollm2")
     assert V.resolve_model(str(models.gguf_path().parent), models.GGUF_FILE) == V.resolve_model("smollm2")
@@ -367,7 +367,7 @@ def test_problem_loading(tmp_path):
 @pytest.mark.slow
 def test_seeded_cpu_draws_run_the_plugins_sampler_in_this_process(engine, monkeypatch):
     """The engine ``eval generate`` starts draws its seeded requests with capo-verl's sampler, as training does."""
-    from capo_verl.compat import vllm_cpu
+    from capo_verl.cpu import vllm_cpu
 
     if engine.device != "cpu":
         pytest.skip("the plugin's sampler replaces vLLM's CPU sampler only")

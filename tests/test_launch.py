@@ -1,4 +1,4 @@
-"""capo_verl.launch against a stand-in run: signals stop all of its processes, and only its /dev/shm segments go.
+"""capo_verl.cpu.launch against a stand-in run: signals stop all of its processes, and only its /dev/shm segments go.
 
 The stand-in does what a verl run does to the launcher: it makes a ``/dev/shm`` segment that nobody unlinks (a killed
 vLLM process's ring buffer), starts a process that leaves its session (as Ray's agents do), and, when asked, ignores
@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from capo_verl.compat import shm
-from capo_verl.launch import launch_command, run_processes
+from capo_verl.cpu import shm
+from capo_verl.cpu.launch import launch_command, run_processes
 
 STAND_IN = """
 import signal, subprocess, sys, time
 from multiprocessing import resource_tracker, shared_memory
-from capo_verl.compat import shm
+from capo_verl.cpu import shm
 shm.record_created()
 segment = shared_memory.SharedMemory(create=True, size=4096)
 resource_tracker.unregister(segment._name, "shared_memory")
@@ -129,15 +129,26 @@ def test_after_a_normal_exit_the_runs_leftovers_go_and_its_status_is_kept(start)
 
 
 def test_launch_needs_a_command():
-    out = subprocess.run([sys.executable, "-m", "capo_verl.launch", "--"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "capo_verl.cpu.launch", "--"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "no command" in out.stderr
+
+
+def test_the_launchers_former_name_runs_the_same_launcher():
+    """``python -m capo_verl.launch`` (its name before it moved into the CPU port) and ``import capo_verl.launch``."""
+    out = subprocess.run([sys.executable, "-m", "capo_verl.launch", "--"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "no command" in out.stderr and "python -m capo_verl.cpu.launch" in out.stderr
+    import capo_verl.cpu.launch
+    import capo_verl.launch
+
+    assert capo_verl.launch is capo_verl.cpu.launch
 
 
 #: a program that trains through run_launched, as capo-verl compare does; prints the stand-in's orphan pid
 COMPARE_LIKE = """
 import sys
-from capo_verl.launch import run_launched
+from capo_verl.cpu.launch import run_launched
 try:
     run_launched([sys.executable, "-c", sys.argv[1]], grace_s=5.0)
 except KeyboardInterrupt:

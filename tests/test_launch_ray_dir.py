@@ -1,4 +1,4 @@
-"""capo_verl.launch gives each run a Ray temp folder of its own (``RAY_TMPDIR``) and removes it when the run ends
+"""capo_verl.cpu.launch gives each run a Ray temp folder of its own (``RAY_TMPDIR``) and removes it when the run ends
 well or is stopped, keeps it after a failure (Ray's logs), and touches no other folder; with ``RAY_ADDRESS`` or
 ``RAY_TMPDIR`` set it changes nothing. A stand-in command writes where Ray would (``$RAY_TMPDIR/ray/session_*``)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from capo_verl.compat import shm
-from capo_verl.launch import RAY_DIR_PREFIX, launch_command
+from capo_verl.cpu import shm
+from capo_verl.cpu.launch import RAY_DIR_PREFIX, launch_command
 
 STAND_IN = """
 import os, sys, time

@@ -9,8 +9,8 @@ import pytest
 
 from capo_verl import mask_thresholds as MT
 from capo_verl.cli import main as cli_main
+from capo_verl.cpu.models import tiny_model_checkpoint
 from capo_verl.evaluation import teacher_forced as TF
-from capo_verl.models import tiny_model_checkpoint
 
 # correct responses' PPL_ref 2, 4, 6, 8, 10; incorrect ones' 1, 3, 5, 7, 9
 PPL = np.array([2.0, 1.0, 4.0, 3.0, 6.0, 5.0, 8.0, 7.0, 10.0, 9.0])

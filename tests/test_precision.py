@@ -1,4 +1,5 @@
-"""The CPU configs' compute dtype, chosen by the CPU's flags (capo_verl/precision.py); no particular machine needed."""
+"""The CPU configs' compute dtype, chosen by the CPU's flags (capo_verl/cpu/precision.py); no particular machine
+needed."""
 
 import logging
 from pathlib import Path
@@ -6,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from capo_verl import precision
-from capo_verl.precision import choose_cpu_dtype, cpu_flags
+from capo_verl.cpu import precision
+from capo_verl.cpu.precision import choose_cpu_dtype, cpu_flags
 
 # flags of real CPUs (abridged /proc/cpuinfo lines)
 SAPPHIRE_RAPIDS = "fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8".split()
@@ -111,7 +112,7 @@ def _profile_like():
 def test_resolve_in_place_sets_every_pass_and_logs_one_line(cpu, caplog, flags, torch_name, fsdp_name):
     cpu(flags)
     config = _profile_like()
-    with caplog.at_level(logging.INFO, logger="capo_verl.precision"):
+    with caplog.at_level(logging.INFO, logger="capo_verl.cpu.precision"):
         resolved = precision.resolve_in_place(config)
     assert sorted(resolved) == [
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
@@ -125,7 +126,7 @@ def test_resolve_in_place_sets_every_pass_and_logs_one_line(cpu, caplog, flags, 
     # plain values now: the run's other processes need no resolver
     assert not OmegaConf.is_interpolation(arr.rollout, "dtype")
     assert OmegaConf.is_interpolation(arr.rollout, "other")  # other interpolations are left alone
-    records = [r for r in caplog.records if r.name == "capo_verl.precision"]
+    records = [r for r in caplog.records if r.name == "capo_verl.cpu.precision"]
     assert len(records) == 1
     assert records[0].getMessage().startswith(f"compute dtype {torch_name} for ")
 
@@ -134,7 +135,7 @@ def test_a_value_given_for_a_key_wins_and_is_named(cpu, caplog):
     cpu(SAPPHIRE_RAPIDS)
     config = _profile_like()
     config.actor_rollout_ref.rollout.dtype = "float32"  # as the override actor_rollout_ref.rollout.dtype=float32
-    with caplog.at_level(logging.INFO, logger="capo_verl.precision"):
+    with caplog.at_level(logging.INFO, logger="capo_verl.cpu.precision"):
         resolved = precision.resolve_in_place(config)
     assert "actor_rollout_ref.rollout.dtype" not in resolved
     assert config.actor_rollout_ref.rollout.dtype == "float32"
@@ -153,10 +154,10 @@ def test_the_environment_variable_sets_every_key_without_a_value(cpu):
 def test_a_config_without_the_resolver_is_left_alone_and_logs_nothing(cpu, caplog):
     cpu(EPYC_ROME)
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"dtype": "bfloat16"}}})
-    with caplog.at_level(logging.INFO, logger="capo_verl.precision"):
+    with caplog.at_level(logging.INFO, logger="capo_verl.cpu.precision"):
         assert precision.resolve_in_place(config) == []
     assert config.actor_rollout_ref.rollout.dtype == "bfloat16"
-    assert not [r for r in caplog.records if r.name == "capo_verl.precision"]
+    assert not [r for r in caplog.records if r.name == "capo_verl.cpu.precision"]
 
 
 def test_an_unknown_spelling_is_refused(cpu):

@@ -22,7 +22,7 @@ PURE = [
     "capo_verl.evaluation.score",
     "capo_verl.evaluation.problems",
     "capo_verl.evaluation.sampling",
-    "capo_verl.precision",
+    "capo_verl.cpu.precision",
 ]
 
 PROBE = textwrap.dedent(

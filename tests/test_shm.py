@@ -1,4 +1,4 @@
-"""capo_verl.compat.shm: a run removes the /dev/shm segments its processes made, and nothing another program made."""
+"""capo_verl.cpu.shm: a run removes the /dev/shm segments its processes made, and nothing another program made."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from capo_verl.compat import shm
+from capo_verl.cpu import shm
 
 
 def test_cleanup_run_removes_the_runs_segments_only(tmp_path, segments):
@@ -31,7 +31,7 @@ def test_a_process_that_imports_verl_removes_its_runs_segments_and_no_other(segm
     recorded, and leaves a segment that another program made and closed meanwhile (same user, same name pattern)."""
     code = (
         "import os, sys, verl\n"
-        "from capo_verl.compat import shm\n"
+        "from capo_verl.cpu import shm\n"
         "print(os.environ[shm.RUN_ENV], flush=True)\n"
         "sys.stdin.read()\n"
     )
@@ -63,7 +63,7 @@ def test_outside_a_run_nothing_is_recorded(tmp_path, monkeypatch):
 LEAVE_LOKY_SEMAPHORE = """
 import os, secrets
 from _multiprocessing import SemLock
-from capo_verl.compat import shm
+from capo_verl.cpu import shm
 name = f"/loky-{os.getpid()}-{secrets.token_hex(4)}"  # loky's own naming (joblib/externals/loky/backend)
 SemLock(1, 1, 1, name, False)  # semaphore, value 1, max 1, not unlinked
 if os.environ.get(shm.RUN_ENV):

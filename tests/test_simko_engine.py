@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from capo_verl.compat import simko as compat_simko
-from capo_verl.models import tiny_model_checkpoint
+from capo_verl.cpu.models import tiny_model_checkpoint
 
 BS, P, R = 4, 6, 8
 PROMPT_LENS = (6, 3, 5, 4)

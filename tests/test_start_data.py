@@ -5,7 +5,7 @@ training rows, or failed inside Ray: a file with other columns, prompts stored a
 ``data.prompt_key=question``, ``data.max_prompt_length=4``; a folder, a CSV or a garbage file as ``data.train_files``
 or ``data.val_files``; a file without the ``reward_model`` column (which failed at the first reward). Each case is
 first shown with verl's own ``RLHFDataset`` (what the trainer builds), then refused by
-:func:`capo_verl.launch.checked_config`, which is what a launch script's ``--dry-run`` runs.
+:func:`capo_verl.cpu.launch.checked_config`, which is what a launch script's ``--dry-run`` runs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from capo_verl import launch
+from capo_verl.cpu import launch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
 

@@ -8,7 +8,8 @@ after the model and vLLM had loaded (2.5-3 min). ``algorithm.capo.tau=0`` was re
 ``+algorithm.capo.tau=0.6``, which Hydra refuses for a key the config has.
 
 One real ``--dry-run`` of the script gives its exact command; the rows are then checked in-process with
-:func:`capo_verl.launch.checked_config`, which is what the script's ``--dry-run`` runs (one ``import verl`` for all).
+:func:`capo_verl.cpu.launch.checked_config`, which is what the script's ``--dry-run`` runs (one ``import verl`` for
+all).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from capo_verl import launch
 from capo_verl.compat.run_checks import batch_problem, format_value, launch_script_files, override
+from capo_verl.cpu import launch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning")
 

@@ -1,9 +1,9 @@
 """Stopping verl's trainer with Ctrl-C or SIGTERM, as a terminal does, and resuming it from its last checkpoint.
 
-Each run is the CPU profile on the tiny model under capo_verl.launch, as the launch scripts start it (tests/conftest.py
-``start_verl``); the signal goes to the launcher's process group, like a terminal's Ctrl-C to its foreground job.
-After the stop nothing of the run may be alive, nothing it made may be left in ``/dev/shm``, and another program's
-segment made during the run must still be there.
+Each run is the CPU profile on the tiny model under capo_verl.cpu.launch, as the launch scripts start it
+(tests/conftest.py ``start_verl``); the signal goes to the launcher's process group, like a terminal's Ctrl-C to its
+foreground job. After the stop nothing of the run may be alive, nothing it made may be left in ``/dev/shm``, and
+another program's segment made during the run must still be there.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from capo_verl.launch import run_processes
+from capo_verl.cpu.launch import run_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # up to 3 launches a test, beside another under -n 2
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from capo_verl.cpu.models import tiny_model_checkpoint
 from capo_verl.evaluation import teacher_forced as TF
 from capo_verl.evaluation import teacher_forced_cli as CLI
-from capo_verl.models import tiny_model_checkpoint
 
 PREFIX = "capo-verl eval teacher-forced: error: "
 

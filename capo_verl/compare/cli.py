@@ -75,7 +75,7 @@ def _val_questions(text: str) -> int | str:
 
 
 #: what a training seed sets: verl's dataloader shuffle and the base of every rollout request's seed
-#: (:func:`capo_verl.compat.vllm_cpu.request_seed`)
+#: (:func:`capo_verl.cpu.vllm_cpu.request_seed`)
 SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed")
 
 
@@ -307,7 +307,7 @@ def _overrides(args: argparse.Namespace, extra_overrides: list[str] = ()) -> tup
         overrides.append(f"++trainer.total_training_steps={args.steps}")
     data_dir, default_model = None, False
     if args.config == DEFAULT_CONFIG:
-        from capo_verl.models import SMOLLM2_NAME, cache_dir
+        from capo_verl.cpu.models import SMOLLM2_NAME, cache_dir
 
         default_dir = "compare" if args.val_questions == MIN_VAL_QUESTIONS else f"compare_val{args.val_questions}"
         data_dir = Path(args.data_dir or Path.home() / "data" / "capo" / default_dir).expanduser().resolve()
@@ -490,7 +490,7 @@ def _train_units(args: argparse.Namespace, out: Path, plan: Plan, plans: dict, u
         eval_data = plan.data_dir / "gsm8k_calc_test.parquet"
         val_data = plan.data_dir / "gsm8k_calc_val.parquet"
     if plan.default_model:
-        from capo_verl.models import smollm2_checkpoint
+        from capo_verl.cpu.models import smollm2_checkpoint
 
         smollm2_checkpoint()  # converted on first use, into the folder the overrides name
     pool_dir = None

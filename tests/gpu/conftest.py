@@ -4,8 +4,8 @@ What it checks (one module each): every registered estimator and verl's ``grpo``
 ``compute_advantage`` with capo-verl's compat wrapper, at 1,024 responses x 4,096 tokens
 (``test_estimators_cuda.py``); SimKO's and the vanilla policy loss, forward and backward, float32 and bf16, and the
 top-K sets CUDA and the CPU choose (``test_simko_cuda.py``); teacher-forced scoring (``test_teacher_forced_cuda.py``);
-verl's platform and capo-verl's CPU layer (``test_platform_cuda.py``). The tolerances are stated and justified in
-each module. Timings: ``benchmarks/gpu_tier.py``.
+verl's platform and the methods' patches alone installed (``test_platform_cuda.py``). The tolerances are stated and
+justified in each module. Timings: ``benchmarks/gpu_tier.py``.
 
 When the tier is collected:
 

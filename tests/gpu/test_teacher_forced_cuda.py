@@ -1,6 +1,6 @@
 """Teacher-forced scoring (``capo_verl.evaluation.teacher_forced.score_pool``) on CUDA against CPU float64.
 
-Model: ``capo_verl.models.tiny_model_checkpoint`` (a random Qwen2, 4 layers, width 256, vocabulary 4,096,
+Model: ``capo_verl.cpu.models.tiny_model_checkpoint`` (a random Qwen2, 4 layers, width 256, vocabulary 4,096,
 ``init_std`` 0.1 so that next-token distributions are peaked and the logits large enough for rounding to show) with
 its offline tokenizer. Pool: 6 questions x 8 responses, one re-tokenized from text per question, the others token
 ids of 8 to 768 tokens, scored in batches of 8 (right padding, as in an evaluation).
@@ -40,7 +40,7 @@ PER_QUESTION, MAX_LENGTH, VOCAB = 8, 768, 4096
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from capo_verl.models import tiny_model_checkpoint
+    from capo_verl.cpu.models import tiny_model_checkpoint
 
     folder = tmp_path_factory.mktemp("tiny")
     tiny_model_checkpoint(folder, vocab_size=VOCAB, hidden_size=256, num_layers=4, init_std=0.1)

