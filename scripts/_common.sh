@@ -7,6 +7,7 @@
 #   CAPO_CKPT_DIR     checkpoints: $CAPO_CKPT_DIR/<project>/<experiment>   (default: $HOME/checkpoints/capo)
 #   CAPO_MODEL_1_5B   model for the 1.5B runs, HF id or local folder       (default: Qwen/Qwen2.5-Math-1.5B)
 #   CAPO_MODEL_7B     model for the 7B runs                                 (default: Qwen/Qwen2.5-Math-7B)
+#   (a leading ~ of these paths is expanded; a path with a comma, =, a quote or non-ASCII is quoted for Hydra)
 #   CAPO_VAL_SETS     validation sets, names of parquet files in CAPO_DATA_DIR
 #                     (default: "deepscaler_val aime24 aime25"; add math500 amc23 minerva_math olympiadbench)
 #   NNODES            nodes of the Ray cluster used by the run              (default: 1)
@@ -56,6 +57,51 @@ checkpoint with the override trainer.resume_mode=auto.
 Paths and cluster size come from CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B, CAPO_MODEL_7B,
 CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS, PYTHON (see scripts/_common.sh).
 EOF
+}
+
+# capo_expand_home PATH: PATH with a leading "~" or "~/" replaced by $HOME (a variable set to "~/x" in quotes, or
+# read from a file, keeps its "~": bash expands it only in an unquoted word). Anything else is printed unchanged.
+capo_expand_home() {
+    case "$1" in
+        "~") printf '%s' "$HOME" ;;
+        "~/"*) printf '%s' "${HOME}/${1#"~/"}" ;;
+        *) printf '%s' "$1" ;;
+    esac
+}
+
+# capo_hydra_value VALUE [SUFFIX]: VALUE (a path the user chose) as the value of a Hydra override, followed by SUFFIX
+# (the script's own text, e.g. an interpolation ${trainer.experiment_name}, passed on as it is). A VALUE of letters,
+# digits and / . _ - + @ % only is printed as it is; anything else (a comma, =, a quote, a space, a bracket, $,
+# non-ASCII ...), which Hydra's override grammar would split or reject, is single-quoted, with each ' and each
+# backslash before a ' (or before the closing quote) escaped by a backslash, and "${" escaped as "\${" so that
+# OmegaConf reads it as text, not as an interpolation.
+capo_hydra_value() {
+    local value="$1" suffix="${2:-}" LC_ALL=C
+    if [[ "$value" =~ ^[A-Za-z0-9/._+@%-]*$ ]]; then
+        printf '%s%s' "$value" "$suffix"
+        return
+    fi
+    local out="" i c run=""
+    value="${value//\$\{/\\\$\{}"
+    for ((i = 0; i < ${#value}; i++)); do
+        c="${value:i:1}"
+        if [ "$c" = "\\" ]; then
+            run+="$c"
+            continue
+        fi
+        if [ "$c" = "'" ]; then
+            out+="${run}${run}\\'"  # the backslashes before a quote doubled, then the quote escaped
+        else
+            out+="${run}${c}"
+        fi
+        run=""
+    done
+    if [ -z "$suffix" ]; then
+        out+="${run}${run}"  # before the closing quote
+    else
+        out+="${run}"
+    fi
+    printf "'%s%s'" "$out" "$suffix"
 }
 
 # _capo_python: print the Python to run (PYTHON, else .venv/bin/python of this repository, else python3); return 2
@@ -124,8 +170,10 @@ capo_launch() {
 
     local python
     python="$(_capo_python)" || return 2
-    local data_dir="${CAPO_DATA_DIR:-$HOME/data/capo}"
-    local ckpt_dir="${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}"
+    local data_dir ckpt_dir
+    data_dir="$(capo_expand_home "${CAPO_DATA_DIR:-$HOME/data/capo}")"
+    ckpt_dir="$(capo_expand_home "${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}")"
+    model_path="$(capo_expand_home "$model_path")"
     local val_sets="${CAPO_VAL_SETS:-deepscaler_val aime24 aime25}"
     local nnodes="${NNODES:-1}" gpus="${N_GPUS_PER_NODE:-8}"
 
@@ -137,18 +185,19 @@ capo_launch() {
         echo "error: CAPO_VAL_SETS is empty; name at least one parquet file of ${data_dir}" >&2
         return 2
     fi
-    local val_list
-    val_list="[$(IFS=,; echo "${val_files[*]}")]"
+    local val_list="" file
+    for file in "${val_files[@]}"; do val_list+="${val_list:+,}$(capo_hydra_value "$file")"; done
+    val_list="[${val_list}]"
     for name in "$train_file" "${val_files[@]}"; do [ -f "$name" ] || missing+=("$name"); done
 
     local -a cmd=(
         "$python" -m verl.trainer.main_ppo
         "--config-path=${CAPO_CONFIG_DIR}"
         "--config-name=${config_name}"
-        "actor_rollout_ref.model.path=${model_path}"
-        "data.train_files=${train_file}"
+        "actor_rollout_ref.model.path=$(capo_hydra_value "$model_path")"
+        "data.train_files=$(capo_hydra_value "$train_file")"
         "data.val_files=${val_list}"
-        "trainer.default_local_dir=${ckpt_dir}/\${trainer.project_name}/\${trainer.experiment_name}"
+        "trainer.default_local_dir=$(capo_hydra_value "$ckpt_dir" '/${trainer.project_name}/${trainer.experiment_name}')"
         "trainer.nnodes=${nnodes}"
         "trainer.n_gpus_per_node=${gpus}"
         "${overrides[@]}"

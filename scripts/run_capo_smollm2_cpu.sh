@@ -82,14 +82,15 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vl
        "run 'bash scripts/setup.sh', which says why when it cannot install it" >&2
   exit 2
 fi
-DATA_DIR=${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}
-CKPT_DIR=${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}
+# a leading ~ expanded; each path quoted for Hydra where it needs it (capo_hydra_value, scripts/_common.sh)
+DATA_DIR=$(capo_expand_home "${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}")
+CKPT_DIR=$(capo_expand_home "${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}")
 
 if [ "$DRY_RUN" -eq 1 ]; then  # where the checkpoint will be; nothing converted or written
   MODEL=$("$PY" -c "from capo_verl.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
 else
   MODEL=$("$PY" -m capo_verl.models --quiet)
-  "$PY" -c "from capo_verl.data import write_gsm8k_calc_parquet as w; w('$DATA_DIR')"
+  "$PY" -c "import sys; from capo_verl.data import write_gsm8k_calc_parquet as w; w(sys.argv[1])" "$DATA_DIR"
 fi
 
 # torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the
@@ -101,10 +102,10 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
 CMD=("$PY" -m verl.trainer.main_ppo
   --config-path="$(pwd)/configs" --config-name="$CONFIG_NAME"
-  actor_rollout_ref.model.path="$MODEL"
-  data.train_files="$DATA_DIR/gsm8k_calc_train.parquet"
-  data.val_files="$DATA_DIR/gsm8k_calc_val.parquet"
-  'trainer.default_local_dir='"$CKPT_DIR"'/${trainer.experiment_name}'
+  "actor_rollout_ref.model.path=$(capo_hydra_value "$MODEL")"
+  "data.train_files=$(capo_hydra_value "$DATA_DIR/gsm8k_calc_train.parquet")"
+  "data.val_files=$(capo_hydra_value "$DATA_DIR/gsm8k_calc_val.parquet")"
+  "trainer.default_local_dir=$(capo_hydra_value "$CKPT_DIR" '/${trainer.experiment_name}')"
   ${ARGS[@]+"${ARGS[@]}"})
 if [ "$DRY_RUN" -eq 1 ]; then
   echo "# command (dry run: nothing started):"
