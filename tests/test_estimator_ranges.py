@@ -55,11 +55,20 @@ def run(name, inputs):
 
 @pytest.mark.parametrize("name", ESTIMATORS)
 @pytest.mark.parametrize(
-    "dtype, value", [(torch.float32, 2.0), (torch.int64, -1), (torch.float32, 0.5), (torch.int64, 2)]
+    "dtype, values",
+    [
+        (torch.float32, [2.0]),
+        (torch.int64, [-1]),
+        (torch.float32, [0.5]),
+        (torch.int64, [2]),
+        (torch.int64, [3, -1]),  # their sum is that of two ones
+        (torch.int32, [2, -2]),
+        (torch.float32, [2.0, 0.5, 0.5]),
+    ],
 )
-def test_a_mask_outside_0_and_1_is_refused(name, dtype, value):
+def test_a_mask_outside_0_and_1_is_refused(name, dtype, values):
     inputs = batch(mask_dtype=dtype)
-    inputs["response_mask"][1, 2] = value
+    inputs["response_mask"][1, : len(values)] = torch.tensor(values, dtype=dtype)
     with pytest.raises(EstimatorInputError, match=r"response_mask must hold only 0 and 1 .*rows \[1\]"):
         run(name, inputs)
 

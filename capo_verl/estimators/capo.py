@@ -54,10 +54,10 @@ from capo_verl.estimators.common import (
     check_number,
     check_positive,
     group_layout,
+    noise_mask,
     read_batch,
     read_config_section,
     record_step_metrics,
-    reference_ppl_mask,
 )
 from capo_verl.estimators.registry import register_estimator
 
@@ -227,8 +227,13 @@ def capo_pairwise_advantages(
     once, or row blocks of one group larger than sqrt(PAIR_BLOCK)); float32 throughout. Time: sum of G^2 over those
     groups.
     """
-    scale = -1.0 / check_tau(tau)  # float32(scale) is finite and nonzero (check_tau)
     check_log_prob_means("capo", "lpm", lpm, valid)
+    return _pairwise_advantages(lpm, correct, valid, gid, n_groups, tau, normalize)
+
+
+def _pairwise_advantages(lpm, correct, valid, gid, n_groups: int, tau: float, normalize: str) -> torch.Tensor:
+    """:func:`capo_pairwise_advantages` without the check of ``lpm``, which :func:`read_batch` made already."""
+    scale = -1.0 / check_tau(tau)  # float32(scale) is finite and nonzero (check_tau)
     if normalize not in NORMALIZE_MODES:
         raise ValueError(f"algorithm.capo.normalize must be one of {NORMALIZE_MODES}, got {normalize!r}")
     bs, device = lpm.shape[0], lpm.device
@@ -309,12 +314,12 @@ def compute_capo_outcome_advantage(
         old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
         ref_log_prob=ref_log_prob, need_ref=cfg.use_mask,
     )  # fmt: skip
-    adv = capo_pairwise_advantages(
+    adv = _pairwise_advantages(  # batch.lpm and batch.ref_ppl are checked (read_batch)
         batch.lpm, batch.correct, batch.valid, batch.gid, batch.n_groups, cfg.tau, cfg.normalize
     )
     keep = None
     if cfg.use_mask:
-        keep = reference_ppl_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)
+        keep = noise_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)
         adv = adv * keep
     record_step_metrics(batch.calibration_metrics(adv, keep))
     advantages = batch.broadcast(adv)

@@ -36,6 +36,7 @@ __all__ = [
     "grpo_group_advantages",
     "correct_mask",
     "reference_ppl_mask",
+    "noise_mask",
     "behaviour_log_probs",
     "require_ref_log_prob",
     "read_config_section",
@@ -153,7 +154,8 @@ def row_sweep(response_mask, masked: dict, rewards=None):
     Raises:
         ValueError: a shape differs from ``response_mask``'s, or NaN/inf at a valid token.
         EstimatorInputError: ``response_mask`` holds a value other than 0 and 1 (checked on each block while it is in
-            cache: its minimum and maximum, and for a floating-point mask its count of nonzeros against its sum).
+            cache: for an integer mask, the sum of its squares against its sum; else its minimum and maximum, and for
+            a floating-point mask its count of nonzeros against its sum).
     """
     shape = response_mask.shape
     for key, x in [*masked.items(), ("token_level_rewards", rewards)]:
@@ -167,15 +169,23 @@ def row_sweep(response_mask, masked: dict, rewards=None):
     block = _CPU_ROW_BLOCK if device.type == "cpu" else max(bs, 1)
     check_mask = response_mask.dtype != torch.bool and response_mask.numel() > 0
     fractional = response_mask.is_floating_point()
+    # an integer mask is in {0, 1} iff sum(m * m) == sum(m) (each m (m - 1) >= 0, 0 only at 0 and 1): one dot product
+    # of the cached block, exact in float32 while the block has fewer than 2**24 entries; else min, max (and for a
+    # float mask, as many nonzeros as its sum)
+    by_dot = check_mask and not fractional and min(block, bs) * shape[-1] < 2**24
+    n_blocks = -(-bs // block)
+    dots = torch.empty(n_blocks, dtype=torch.float32, device=device) if by_dot else None
     mask_ok = torch.ones((), dtype=torch.bool, device=device)
-    for start in range(0, bs, block):
+    for k, start in enumerate(range(0, bs, block)):
         rows = slice(start, start + block)
         m = mask_f32[rows]
         m.copy_(response_mask[rows])
         torch.sum(m, -1, out=n_valid[rows])
-        if check_mask:  # values in {0, 1}: within [0, 1], and (float) as many nonzeros as their sum
-            low, high = torch.aminmax(m)
-            mask_ok &= (low >= 0) & (high <= 1)
+        if by_dot:
+            flat = m.view(-1)
+            torch.dot(flat, flat, out=dots[k])
+        elif check_mask:
+            mask_ok &= (torch.amin(m, -1).min() >= 0) & (torch.amax(m, -1).max() <= 1)
             if fractional:
                 mask_ok &= torch.equal(torch.count_nonzero(m, -1).to(torch.float32), n_valid[rows])
         for key, x in masked.items():
@@ -183,6 +193,10 @@ def row_sweep(response_mask, masked: dict, rewards=None):
             sums[key][rows] = torch.linalg.vecdot(x[rows].to(torch.float32), m)
         if rewards is not None:
             torch.sum(rewards[rows], -1, dtype=torch.float32, out=reward_sum[rows])
+    if by_dot and bs * shape[-1] < 2**24:  # every partial sum an integer below 2**24: the totals compare exactly
+        mask_ok = bool(dots.sum() == n_valid.sum())
+    elif by_dot:  # each block's sum of squares against its sum
+        mask_ok = torch.equal(dots, torch.nn.functional.pad(n_valid, (0, n_blocks * block - bs)).view(-1, block).sum(1))
     if check_mask and not bool(mask_ok):
         _refuse_mask(response_mask)
     for key, x in masked.items():
@@ -584,6 +598,11 @@ def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: f
         EstimatorInputError: a ``ref_ppl`` below 1 (:func:`check_reference_ppl`).
     """
     check_reference_ppl("reference_ppl_mask", ref_ppl)
+    return noise_mask(ref_ppl, correct, ref_high, ref_low)
+
+
+def noise_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: float, ref_low: float) -> torch.Tensor:
+    """:func:`reference_ppl_mask` without its check, for a ``ref_ppl`` that :func:`read_batch` checked already."""
     return torch.where(correct, ref_ppl <= ref_high, ref_ppl >= ref_low)
 
 

@@ -12,10 +12,10 @@ import torch
 from capo_verl.estimators.capo import CapoConfig, uses_noise_mask
 from capo_verl.estimators.common import (
     grpo_group_advantages,
+    noise_mask,
     norm_adv_by_std,
     read_batch,
     record_step_metrics,
-    reference_ppl_mask,
 )
 from capo_verl.estimators.registry import register_estimator
 
@@ -67,7 +67,7 @@ def compute_grpo_mask_outcome_advantage(
     )  # fmt: skip
     adv = grpo_group_advantages(batch.score, batch.gid, batch.n_groups, norm_adv_by_std(config))
     if cfg.use_mask:
-        keep = reference_ppl_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)
+        keep = noise_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)  # ref_ppl checked by read_batch
         adv = adv * keep
         for name, sel in (("correct", batch.correct & batch.valid), ("incorrect", ~batch.correct & batch.valid)):
             if sel.any():
