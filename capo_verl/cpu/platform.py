@@ -9,10 +9,10 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
 1. registers a ``cpu`` platform (:class:`PlatformCPU`) with verl's public ``PlatformRegistry``. verl's
    auto-detection tries the registered platforms in order, so the built-in accelerators always win; ``cpu``
    is picked only when none of them is available *and* torch sees no accelerator
-(:func:`capo_verl.compat.host.torch_accelerator`:
-   ``torch.cuda``, ``torch.accelerator``, ``torch.xpu``, ``torch.npu``), or when ``VERL_PLATFORM=cpu`` asks for
-   it. verl's ``nvidia`` check answers False when the ``nvidia-smi`` binary is missing, even with a working CUDA;
-   such a host is not claimed, and verl falls back to ``nvidia`` as it does without capo-verl.
+   (:func:`capo_verl.compat.host.torch_accelerator`: ``torch.cuda``, ``torch.accelerator``, ``torch.xpu``,
+   ``torch.npu``), or when ``VERL_PLATFORM=cpu`` asks for it. verl's ``nvidia`` check answers False when the
+   ``nvidia-smi`` binary is missing, even with a working CUDA; such a host is not claimed, and verl falls back to
+   ``nvidia`` as it does without capo-verl.
 2. applies small patches to verl functions that hard-code accelerator assumptions a platform object
    cannot express. Each one is a pass-through unless the resolved platform is ``cpu``:
 
