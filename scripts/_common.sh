@@ -32,7 +32,7 @@ _capo_usage() {
 usage: bash ${script} [--dry-run] [-h|--help] [HYDRA_OVERRIDE ...]
 
 Runs: python -m verl.trainer.main_ppo --config-path=${CAPO_CONFIG_DIR} --config-name=$1
-under capo_verl.launch, with the model, data and checkpoint paths below.
+under capo_verl.cpu.launch, with the model, data and checkpoint paths below.
 
 options:
   --dry-run    print the exact command and the resolved config after verl's validate_config with capo-verl's
@@ -128,7 +128,7 @@ _capo_python() {
 
 # _capo_dry_run PYTHON [--script-file PATH ...] -- COMMAND: print the config of COMMAND (python -m
 # verl.trainer.main_ppo ...) composed like verl.trainer.main_ppo, after verl's validate_config with capo-verl's checks
-# (capo_verl.launch --dry-run); a refused value is one line on stderr and status 2. A --script-file is a data file
+# (capo_verl.cpu.launch --dry-run); a refused value is one line on stderr and status 2. A --script-file is a data file
 # the script writes, or says it lacks, before a real run: not refused as missing.
 _capo_dry_run() {
     local python="$1"
@@ -136,7 +136,7 @@ _capo_dry_run() {
     "$python" - "$@" <<'PY'
 import sys
 
-from capo_verl.launch import main
+from capo_verl.cpu.launch import main
 
 sys.exit(main(["--dry-run", *sys.argv[1:]]))
 PY
@@ -207,7 +207,7 @@ capo_launch() {
         echo "# command (dry run: nothing started):"
         printf '%q ' "${cmd[@]}"
         echo
-        echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): ${python} -m capo_verl.launch -- <command>"
+        echo "# run under capo_verl.cpu.launch (Ctrl-C / SIGTERM stop all of it): ${python} -m capo_verl.cpu.launch -- <command>"
         if [ -n "${RAY_ADDRESS:-}" ]; then echo "# Ray: existing cluster at RAY_ADDRESS=${RAY_ADDRESS}"; fi
         for name in "${missing[@]}"; do
             echo "# warning: ${name} does not exist yet: run \`capo-verl prepare-data --out-dir ${data_dir}\`"
@@ -233,7 +233,7 @@ capo_launch() {
     fi
     export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
     echo "+ $(printf '%q ' "${cmd[@]}")"
-    # capo_verl.launch: Ctrl-C / SIGTERM stop every process of the run (Ray's, vLLM's) within ~30 s, keep the
+    # capo_verl.cpu.launch: Ctrl-C / SIGTERM stop every process of the run (Ray's, vLLM's) within ~30 s, keep the
     # checkpoints written, and remove the run's /dev/shm segments; a second Ctrl-C kills it at once
-    exec "$python" -m capo_verl.launch -- "${cmd[@]}"
+    exec "$python" -m capo_verl.cpu.launch -- "${cmd[@]}"
 }

@@ -13,7 +13,7 @@
 # after verl's validate_config (capo-verl's checks included) and starts nothing.
 #
 # Stopping: Ctrl-C or SIGTERM stops every process of the run within ~30 s (a second Ctrl-C at once), keeps the
-# checkpoints already written and removes the run's /dev/shm segments (capo_verl.launch). The CPU configs set
+# checkpoints already written and removes the run's /dev/shm segments (capo_verl.cpu.launch). The CPU configs set
 # trainer.resume_mode=disable; resume a stopped run from its last checkpoint with trainer.resume_mode=auto
 # (checkpoints are written every trainer.save_freq steps).
 set -euo pipefail
@@ -87,9 +87,9 @@ DATA_DIR=$(capo_expand_home "${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}")
 CKPT_DIR=$(capo_expand_home "${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}")
 
 if [ "$DRY_RUN" -eq 1 ]; then  # where the checkpoint will be; nothing converted or written
-  MODEL=$("$PY" -c "from capo_verl.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
+  MODEL=$("$PY" -c "from capo_verl.cpu.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
 else
-  MODEL=$("$PY" -m capo_verl.models --quiet)
+  MODEL=$("$PY" -m capo_verl.cpu.models --quiet)
   "$PY" -c "import sys; from capo_verl.data import write_gsm8k_calc_parquet as w; w(sys.argv[1])" "$DATA_DIR"
 fi
 
@@ -111,11 +111,11 @@ if [ "$DRY_RUN" -eq 1 ]; then
   echo "# command (dry run: nothing started):"
   printf '%q ' "${CMD[@]}"
   echo
-  echo "# run under capo_verl.launch (Ctrl-C / SIGTERM stop all of it): $PY -m capo_verl.launch -- <command>"
+  echo "# run under capo_verl.cpu.launch (Ctrl-C / SIGTERM stop all of it): $PY -m capo_verl.cpu.launch -- <command>"
   # the model and the data files are written by a real run, before it starts: not refused as missing here
-  "$PY" -m capo_verl.launch --dry-run --script-file "$MODEL" --script-file "$DATA_DIR/gsm8k_calc_train.parquet" \
+  "$PY" -m capo_verl.cpu.launch --dry-run --script-file "$MODEL" --script-file "$DATA_DIR/gsm8k_calc_train.parquet" \
     --script-file "$DATA_DIR/gsm8k_calc_val.parquet" -- "${CMD[@]}"
   exit $?
 fi
 echo "capo-verl: $CONFIG_NAME | model $MODEL | data $DATA_DIR | checkpoints $CKPT_DIR | OMP_NUM_THREADS=$OMP_NUM_THREADS"
-exec "$PY" -m capo_verl.launch -- "${CMD[@]}"
+exec "$PY" -m capo_verl.cpu.launch -- "${CMD[@]}"

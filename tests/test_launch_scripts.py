@@ -39,7 +39,7 @@ def test_cpu_script_dry_run_prints_the_validated_command_and_refuses_a_bad_value
     assert "--config-name=grpo_smollm2_135m_cpu" in ok.stdout
     assert f"actor_rollout_ref.model.path={tmp_path}/cache/SmolLM2-135M-Instruct" in ok.stdout
     assert "total_training_steps: 2" in ok.stdout
-    assert "-m capo_verl.launch --" in ok.stdout
+    assert "-m capo_verl.cpu.launch --" in ok.stdout
     assert list(tmp_path.iterdir()) == []  # no checkpoint converted, no data written
 
     bad = subprocess.run(
