@@ -319,14 +319,21 @@ class Outputs:
             owns: the entry names the command writes into it; an old folder's other entries are carried over.
 
         Raises:
-            UsageError: as :func:`capo_verl.commands.check_out_dir`, or the folder is a mount point (a rename cannot
-                replace it); SymlinkLoop.
+            UsageError: as :func:`capo_verl.commands.check_out_dir`; the folder is a mount point (a rename cannot
+                replace it), or is or holds the current folder (the shell would be left in the old folder);
+                SymlinkLoop.
         """
         checked = commands.check_out_dir(path, option)
         real = resolve(checked, option)
         if real.is_dir() and os.path.ismount(real):
             raise commands.UsageError(
                 f"{option} {path} is a mount point: its folder cannot be replaced by a rename; name a folder inside it"
+            )
+        cwd = Path(os.path.realpath(os.getcwd()))
+        if cwd == real or real in cwd.parents:
+            raise commands.UsageError(
+                f"{option} {path} holds the current folder ({cwd}): it is replaced whole by a rename, which would "
+                f"leave this shell in the old one; run the command from outside it (e.g. from {real.parent})"
             )
         owned = frozenset(owns)
         bad = sorted(
@@ -429,11 +436,20 @@ class Outputs:
         if not staged:
             self._created.clear()
             return
+        try:  # before the journal: a failure here (a foreign entry that cannot be read ...) changes nothing
+            for out in staged:
+                if out.kind == "folder" and out.real.is_dir():
+                    _carry(out.real, out.stage, out.owns)
+                    shutil.copymode(out.real, out.stage)  # the folder keeps its permissions
+                elif out.kind == "file" and out.real.is_file():
+                    shutil.copymode(out.real, out.stage)
+        except BaseException:
+            for out in staged:
+                _remove(out.stage)
+            raise
         entries = []
         for out in staged:
             if out.kind == "folder":
-                if out.real.is_dir():
-                    _carry(out.real, out.stage, out.owns)
                 st = os.stat(out.stage)
                 entries.append(
                     {

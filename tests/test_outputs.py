@@ -161,6 +161,22 @@ def test_a_folder_is_replaced_whole_keeping_what_the_command_does_not_own(tmp_pa
     assert tree(tmp_path / "fresh") == {"a/b/metrics.json": b"new metrics", "a/b/report.md": b"new report"}
 
 
+def test_a_folder_that_holds_the_current_folder_is_refused(tmp_path, monkeypatch):
+    out = _old_folder(tmp_path)
+    monkeypatch.chdir(out / "sub")
+    with pytest.raises(outputs.commands.UsageError, match=r"--out .* holds the current folder .*run the command from"):
+        Outputs("test").folder("--out", out, owns=["metrics.json"])
+    monkeypatch.chdir(tmp_path)
+    Outputs("test").folder("--out", out, owns=["metrics.json"])
+
+
+def test_the_new_folder_keeps_the_old_ones_permissions(tmp_path):
+    out = _old_folder(tmp_path)
+    out.chmod(0o750)
+    _write_new(tmp_path, out)
+    assert out.stat().st_mode & 0o777 == 0o750 and tree(out) == NEW
+
+
 def test_a_failure_while_writing_changes_nothing(tmp_path):
     out = _old_folder(tmp_path)
     before = tree(tmp_path)
