@@ -44,6 +44,7 @@ from capo_verl.compare.running import (
 )
 from capo_verl.compare.seeds import write_seeds_summary
 from capo_verl.compare.verdict import PlanError, StudyPlan, load_plan
+from capo_verl.outputs import write_atomic
 
 #: at most this many training seeds in one command: each is a folder of trained runs
 MAX_SEEDS = 100
@@ -451,7 +452,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         "config_dir": str(plan.config_dir),
         "overrides": plan.overrides,
     }
-    (out / "compare.json").write_text(json.dumps(record, indent=2))
+    write_atomic(out / "compare.json", json.dumps(record, indent=2))
     try:
         _train_units(args, out, plan, plans, units, eval_k)
     except (RuntimeError, FileNotFoundError, ImportError, subprocess.CalledProcessError) as exc:

@@ -22,6 +22,7 @@ from capo_verl import __version__
 from capo_verl.compare.config import UsageError
 from capo_verl.compare.report import REPORT_OUTPUTS
 from capo_verl.compare.teacher_forced import POOL_DIR, SCORED
+from capo_verl.outputs import write_atomic
 
 MARKER = ".capo-verl-compare.json"
 RUN_MARKER = ".capo-verl-run.json"
@@ -170,4 +171,4 @@ def prepare_out(
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "settings": settings,
         }
-        marker.write_text(json.dumps(record, indent=1) + "\n")
+        write_atomic(marker, json.dumps(record, indent=1) + "\n")

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from capo_verl.outputs import write_atomic
+
 logger = logging.getLogger("capo_verl.compare")
 
 #: folder of the pool and the base model's scores, at the top of ``--out`` (shared by every seed and method)
@@ -71,7 +73,7 @@ def make_pool(out: Path, val_data: Path, base_model: Path, *, k: int, max_new_to
             "--max-new-tokens", str(max_new_tokens), "--temperature", "1.0", "--seed", "0",
             "--dtype", dtype, "--save-token-ids", "--no-progress", "--out", str(pool),
         )  # fmt: skip
-        (folder / "pool.done").write_text(json.dumps({"k": k, "data": str(val_data)}) + "\n")
+        write_atomic(folder / "pool.done", json.dumps({"k": k, "data": str(val_data)}) + "\n")
     if not (folder / "step0.json").exists():
         score(pool, val_data, {0: base_model}, folder, tokenizer=base_model)
     return folder
@@ -98,7 +100,7 @@ def score(pool: Path, val_data: Path, models: dict[int, Path], folder: Path, *, 
         npy = folder / f"step{step}.0.npy"
         Path(folder / f"step{step}.partial.0.npy").replace(npy)
         record["models"][f"step{step}"]["lpm_file"] = npy.name
-        target.write_text(json.dumps(record, indent=2) + "\n")
+        write_atomic(target, json.dumps(record, indent=2) + "\n")  # whole: an existing step<N>.json is never torn
         partial.unlink()
 
 
@@ -127,7 +129,7 @@ def score_run(run_dir: Path, pool_dir: Path, val_data: Path, *, tokenizer: Path)
             "actor_rollout_ref.actor.checkpoint.save_contents with hf_model and trainer.save_freq"
         )
     score(pool_dir / "pool.jsonl", val_data, models, run_dir / POOL_DIR, tokenizer=tokenizer)
-    marker.write_text(json.dumps({"steps": list(models)}) + "\n")
+    write_atomic(marker, json.dumps({"steps": list(models)}) + "\n")
     prune_to_hf(run_dir)
 
 

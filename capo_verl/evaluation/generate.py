@@ -51,6 +51,7 @@ from pathlib import Path
 from capo_verl.evaluation import LINE_FIELDS
 from capo_verl.evaluation.problems import Problem
 from capo_verl.evaluation.sampling import SamplingSettings, question_seed
+from capo_verl.outputs import write_atomic
 
 logger = logging.getLogger("capo_verl.evaluation")
 
@@ -228,7 +229,7 @@ def generate(
         **dataclasses.asdict(settings),
     }
     meta = _check_meta(out, meta, overwrite)
-    meta_path(out).write_text(json.dumps(meta, indent=2) + "\n")  # first: a killed run stays resumable
+    write_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")  # first: a killed run stays resumable
     done = read_finished(out, settings.k)
     todo = [p for p in problems if p.key not in done]
     scorer = scorer or default_scorer()
@@ -261,7 +262,7 @@ def generate(
     wall = time.perf_counter() - t0
     meta["wall_s"] = round(float(meta.get("wall_s", 0.0)) + wall, 3)
     meta["questions"] = len(done) + len(todo)
-    meta_path(out).write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")  # whole: a kill never tears it
     return {
         "questions_done": len(todo),
         "questions_skipped": len(problems) - len(todo),
