@@ -53,11 +53,11 @@ from capo_verl.estimators.capo import CapoConfig
 from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
 
 from .advantage import register_batch_aware_adv_est
-from .codapo_sampling import check_resample_setup
+from .codapo_sampling import check_resample_setup, resample_config
 from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .simko import check_simko_setup
-from .validation import parse_val_calib
+from .validation import REQUIRED, parse_val_calib, val_calib_mode
 
 __all__ = [
     "ESTIMATORS",
@@ -262,7 +262,12 @@ def check_method_configs(config) -> None:
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)
     check_start_values(config)
-    check_run_config(config)
+    val_calib, reason = val_calib_mode(config)
+    check_run_config(
+        config,
+        steps_per_loader_batch=2 if resample_config(config) is not None else 1,
+        val_calib_required=reason if val_calib == REQUIRED else None,
+    )
 
 
 @patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})

@@ -287,7 +287,7 @@ def _parquet_rows(paths: list[str]) -> int | None:
     return total
 
 
-def _check_training_set(config) -> None:
+def _check_training_set(config, steps_per_loader_batch: int = 1) -> None:
     batch = _int_or_none(select(config, "data.train_batch_size"))
     if batch is None or batch < 1:
         return
@@ -304,11 +304,7 @@ def _check_training_set(config) -> None:
     epochs = _int_or_none(select(config, "trainer.total_epochs"))
     if _int_or_none(steps) is None or epochs is None:
         return
-    per_epoch = rows // batch
-    from .codapo_sampling import resample_config  # here: codapo_sampling imports the compat package
-
-    if resample_config(config) is not None:  # CoDaSampling trains each loader batch twice (prepare, apply)
-        per_epoch *= 2
+    per_epoch = rows // batch * steps_per_loader_batch  # CoDaSampling trains each loader batch twice
     if steps > per_epoch * epochs:
         need = -(-steps // per_epoch)
         raise ValueError(
@@ -927,7 +923,7 @@ def _check_temperatures(config) -> None:
         )
 
 
-def _check_values(config) -> None:
+def _check_values(config, val_calib_required: str | None = None) -> None:
     """Values verl takes at start and fails on (a traceback, or after the model loaded), or runs for nothing with."""
     _require_int(config, "trainer.nnodes", 1, "the nodes of the run", 1)
     _require_int(config, "trainer.n_gpus_per_node", 1, "the trainer ranks per node: GPUs, or processes on a CPU", 1)
@@ -962,17 +958,15 @@ def _check_values(config) -> None:
         )
     _check_device(config)
     _check_rollout(config)
-    _check_val_calib_inputs(config)
+    _check_val_calib_inputs(config, val_calib_required)
 
 
-def _check_val_calib_inputs(config) -> None:
-    """With the ``val-calib/*`` metrics required, what they read: the rollout's log-probs, >= 2 samples a question."""
-    from .validation import REQUIRED, val_calib_mode
-
-    if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
+def _check_val_calib_inputs(config, reason: str | None) -> None:
+    """With the ``val-calib/*`` metrics required (``reason`` says why; None: not required), what they read: the
+    rollout's log-probs, >= 2 samples a question."""
+    if reason is None:
         return
-    mode, reason = val_calib_mode(config)
-    if mode != REQUIRED:
+    if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
         return
     key = "actor_rollout_ref.rollout.calculate_log_probs"
     if select(config, key) is False:
@@ -992,19 +986,28 @@ def _check_val_calib_inputs(config) -> None:
         )
 
 
-def check_run_config(config) -> None:
+def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_required: str | None = None) -> None:
     """Refuse, in one line each, the values of verl's keys listed in the module docstring that would fail late or
     do nothing.
 
+    What the checks need to know of the run's method is given by the caller (the methods' check,
+    :func:`capo_verl.compat.methods.check_method_configs`), so that the start checks import none of the method
+    modules (``docs/architecture.md``).
+
     Args:
         config: the composed trainer config (OmegaConf ``DictConfig``), as verl's ``validate_config`` gets it.
+        steps_per_loader_batch: training steps per batch of verl's dataloader: 2 with CoDaPO's resampling
+            (:func:`capo_verl.compat.codapo_sampling.resample_config`: a prepare and an apply step), else 1.
+        val_calib_required: why the ``val-calib/*`` metrics are required
+            (:func:`capo_verl.compat.validation.val_calib_mode`'s reason when its mode is ``REQUIRED``), or None when
+            they are not; their inputs are checked only when they are.
 
     Raises:
         ValueError: the first bad value found; the message names the key, its value, what is allowed and a fix
             (an override that works when appended to the command line).
     """
     _check_top_level_keys(config)
-    _check_values(config)
+    _check_values(config, val_calib_required)
     _check_steps(config)
     _check_resume(config)
     if data_files_checked():
@@ -1015,7 +1018,7 @@ def check_run_config(config) -> None:
         _check_model_path(config)
         _check_data_files(config)
         _check_data_sets(config)
-        _check_training_set(config)
+        _check_training_set(config, steps_per_loader_batch)
     problem = batch_problem(config)
     if problem:
         raise ValueError(problem)
