@@ -968,22 +968,41 @@ def _check_val_calib_inputs(config, reason: str | None) -> None:
         return
     if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
         return
+    off = override(config, "trainer.val_calib", False)
     key = "actor_rollout_ref.rollout.calculate_log_probs"
     if select(config, key) is False:
         raise ValueError(
             f"{key}=false: the val-calib/* metrics are required ({reason}) and read each validation response's "
             "log-probs, which the rollout returns only with this key on; the first validation pass would fail; set "
-            f"{override(config, key, True)}, or trainer.val_calib=false"
+            f"{override(config, key, True)}, or {off}"
         )
-    key = "actor_rollout_ref.rollout.val_kwargs.n"
-    n = select(config, key)
+    n_key, sample_key, temperature_key = (f"actor_rollout_ref.rollout.val_kwargs.{k}" for k in VAL_SAMPLING)
+    n, do_sample, temperature = (select(config, k) for k in (n_key, sample_key, temperature_key))
     if n is not MISSING and (_int_or_none(n) is None or n < 2):
-        raise ValueError(
-            f"{key}={format_value(n)}: the val-calib/* metrics are required ({reason}) and compare the correct and "
-            "incorrect samples of each question, which needs 2 or more samples per question; set "
-            f"{override(config, key, _example(key, lambda v: isinstance(v, int) and v >= 2, 4))}, or "
-            "trainer.val_calib=false"
-        )
+        key, value, why = n_key, n, "draws one answer per question"
+    elif do_sample is False:
+        key, value, why = sample_key, do_sample, "decodes greedily, so the answers of a question are the same"
+    elif isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0:
+        key, value, why = temperature_key, temperature, "decodes greedily, so the answers of a question are the same"
+    else:
+        return
+    bad_n = n is not MISSING and (_int_or_none(n) is None or n < 2)
+    greedy_t = not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0)
+    wrong = [
+        (n_key, _example(n_key, lambda v: isinstance(v, int) and v >= 2, 4), bad_n),
+        (sample_key, True, do_sample is False),
+        (temperature_key, 1.0, temperature is not MISSING and greedy_t),
+    ]
+    fix = " ".join(override(config, k, v) for k, v, bad in wrong if bad)
+    raise ValueError(
+        f"{key}={format_value(value)}: the val-calib/* metrics are required ({reason}) and compare the correct and "
+        f"incorrect answers of each question, which needs 2 or more sampled answers per question, but this "
+        f"validation {why}; set {fix}, or {off}"
+    )
+
+
+#: the ``actor_rollout_ref.rollout.val_kwargs`` keys that decide whether validation samples several answers
+VAL_SAMPLING = ("n", "do_sample", "temperature")
 
 
 def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_required: str | None = None) -> None:

@@ -35,6 +35,11 @@ chosen by ``trainer.val_calib`` (:func:`val_calib_mode`):
 - ``true``: required. A validation pass in which no response has ``lpm`` raises RuntimeError naming the fix.
 - ``false``: off; verl's metrics only.
 
+With a capo-verl estimator and validation at verl's defaults (one answer per question, or greedy decoding:
+:func:`single_draw_validation`), auto means off: the run's start says so in one line with the keys that turn the
+metrics on (:data:`TURN_ON`); ``trainer.val_calib=true`` with such a validation is refused at the start
+(:func:`capo_verl.compat.run_checks.check_run_config`).
+
 verl's own configs lack the key: set it with ``+trainer.val_calib=...`` there (``++`` works either way).
 """
 
@@ -203,7 +208,10 @@ def val_calib_mode(config) -> tuple[str, str]:
     Returns:
         ``(OFF | AUTO | REQUIRED, reason)``: ``trainer.val_calib`` false -> OFF; true -> REQUIRED; absent,
         null or ``"auto"`` -> REQUIRED if ``algorithm.adv_estimator`` is capo-verl's
-        (:func:`is_capo_verl_estimator`), else AUTO. ``reason`` says which setting decided, for messages.
+        (:func:`is_capo_verl_estimator`) and the validation samples several answers per question, OFF if it is
+        capo-verl's and the validation draws one answer or decodes greedily (:func:`single_draw_validation`,
+        verl's defaults), else AUTO. ``reason`` says which setting decided, for messages (for OFF at verl's
+        defaults also the keys that turn the metrics on, :data:`TURN_ON`).
 
     Raises:
         ValueError: ``trainer.val_calib`` is something else (a string other than ``auto``, a number, ...).
@@ -218,8 +226,48 @@ def val_calib_mode(config) -> tuple[str, str]:
     estimator = algorithm.get("adv_estimator", None)
     if estimator is not None and is_capo_verl_estimator(estimator):
         name = getattr(estimator, "value", estimator)
+        problem = single_draw_validation(config)
+        if problem is not None:
+            return OFF, (
+                f"{problem}, so no question has both a correct and an incorrect answer to compare; "
+                f"turn them on with {TURN_ON}"
+            )
         return REQUIRED, f"algorithm.adv_estimator={name} is a capo-verl estimator and trainer.val_calib is auto"
     return AUTO, "trainer.val_calib is auto"
+
+
+#: the keys that make verl's validation draw several sampled answers per question (``val-calib/*`` needs them)
+TURN_ON_KEYS = {
+    "actor_rollout_ref.rollout.val_kwargs.n": 4,
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+    "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
+}
+TURN_ON = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in TURN_ON_KEYS.items())
+
+
+def single_draw_validation(config) -> str | None:
+    """Why verl's validation of ``config`` gives each question one distinct answer, or None when it samples several.
+
+    verl 0.9.1's defaults (``verl/trainer/config/rollout/rollout.yaml``, ``val_kwargs``): ``n: 1``,
+    ``do_sample: False``, ``temperature: 0`` (greedy). With ``n`` < 2, or greedy decoding (``do_sample`` false or
+    ``temperature`` <= 0: the ``n`` answers are the same), no question is mixed and calibration is undefined.
+
+    Args:
+        config: the trainer's config (a DictConfig or a nested dict), or None.
+    """
+    node = config
+    for part in ("actor_rollout_ref", "rollout", "val_kwargs"):
+        node = node.get(part, None) if node is not None and hasattr(node, "get") else None
+    if node is None:
+        return None
+    n, do_sample, temperature = (node.get(k, None) for k in ("n", "do_sample", "temperature"))
+    if isinstance(n, int) and not isinstance(n, bool) and n < 2:
+        return f"validation draws one answer per question (actor_rollout_ref.rollout.val_kwargs.n={n})"
+    if do_sample is False:
+        return "validation decodes greedily (actor_rollout_ref.rollout.val_kwargs.do_sample=false)"
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0:
+        return f"validation decodes greedily (actor_rollout_ref.rollout.val_kwargs.temperature={temperature})"
+    return None
 
 
 def _missing_lpm_message(reason: str | None) -> str:
