@@ -59,6 +59,8 @@ PATCHED_MODULES = {
     "capo_verl.compat.codapo_sampling._patch_trainer": "verl.trainer.ppo.v1.trainer_base",
     "capo_verl.compat.methods._patch_validate_config": "verl.utils.config",
     "capo_verl.compat.methods._register_all": "verl.trainer.ppo.core_algos",
+    "capo_verl.compat.run_summary._patch_fit": "verl.trainer.ppo.v1.trainer_base",
+    "capo_verl.compat.run_summary._patch_tracking": "verl.utils.tracking",
     "capo_verl.compat.simko._patch_engine": "verl.workers.engine.fsdp.transformer_impl",
     "capo_verl.compat.simko._patch_policy_loss_config": "verl.workers.config",
     "capo_verl.compat.simko._patch_ppo_loss": "verl.workers.utils.losses",
@@ -72,6 +74,7 @@ PATCHED_MODULES = {
     "capo_verl.cpu.platform._patch_replay_buffer": "verl.trainer.ppo.v1.replay_buffer",
     "capo_verl.cpu.platform._register_platform": "verl.plugin.platform",
     "capo_verl.cpu.profile._patch_validate_config": "verl.utils.config",
+    "capo_verl.cpu.defaults._patch_validate_config": "verl.utils.config",
     "capo_verl.cpu.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
     "capo_verl.cpu.shm._record_shared_memory": "multiprocessing.shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
@@ -84,8 +87,8 @@ PATCHED_MODULES = {
 
 
 def test_every_patch_is_declared_with_the_module_it_changes():
-    from capo_verl.compat import advantage, codapo_sampling, methods, simko, validation  # noqa: F401
-    from capo_verl.cpu import platform, profile, shm, vllm_cpu  # noqa: F401
+    from capo_verl.compat import advantage, codapo_sampling, methods, run_summary, simko, validation  # noqa: F401
+    from capo_verl.cpu import defaults, platform, profile, shm, vllm_cpu  # noqa: F401
 
     assert {name: patch.module for name, patch in compat.PATCHES.items()} == PATCHED_MODULES
     for patch in compat.PATCHES.values():

@@ -141,6 +141,7 @@ EXACT = {
     "capo_verl.stored": "shared",
     "capo_verl.inputs": "shared",
     "capo_verl.outputs": "shared",
+    "capo_verl.curves": "shared",
     "capo_verl.cli": "tools",
     "capo_verl.data": "tools",
     "capo_verl.demo": "tools",

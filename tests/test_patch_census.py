@@ -31,6 +31,8 @@ METHOD_PATCHES = [
     "capo_verl.compat.codapo_sampling._patch_trainer",
     "capo_verl.compat.methods._patch_validate_config",
     "capo_verl.compat.methods._register_all",
+    "capo_verl.compat.run_summary._patch_fit",
+    "capo_verl.compat.run_summary._patch_tracking",
     "capo_verl.compat.simko._patch_engine",
     "capo_verl.compat.simko._patch_policy_loss_config",
     "capo_verl.compat.simko._patch_ppo_loss",
@@ -42,6 +44,7 @@ METHOD_PATCHES = [
 
 #: The CPU port's, installed only where verl finds no accelerator.
 CPU_PORT_PATCHES = [
+    "capo_verl.cpu.defaults._patch_validate_config",
     "capo_verl.cpu.platform._patch_distributed",
     "capo_verl.cpu.platform._patch_fsdp_engine",
     "capo_verl.cpu.platform._patch_model_config",

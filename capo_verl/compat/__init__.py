@@ -10,6 +10,8 @@ Everything the methods need of verl's private structure lives in this package, o
 - :mod:`.simko`      - the ``simko`` policy loss and the actor's top-K log-probs from verl's FSDP engine.
 - :mod:`.codapo_sampling` - CoDaPO's resampling (``algorithm.codapo.resample``): every prompt batch trained on two
   steps, the second time only its top questions by weight, in the v1 trainer.
+- :mod:`.start_report` - what the run's method will do, printed once at the start (from the resolved config).
+- :mod:`.run_summary` - the summary block and the curves PNG at the end of a run.
 - :mod:`.run_checks` - the start checks: verl keys a run needs, read late or silently (called by :mod:`.methods`).
 - :mod:`.host`       - whether this host needs the CPU port (:func:`.host.cpu_port_needed`).
 - :mod:`.patching`   - the patch machinery, shared with the CPU port.
@@ -114,9 +116,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, codapo_sampling, host, methods, simko, validation
+        from . import advantage, codapo_sampling, host, methods, run_summary, simko, validation
 
-        for part in (advantage, codapo_sampling, validation, simko):
+        for part in (advantage, codapo_sampling, validation, simko, run_summary):
             part.install()
         methods.hook_validate_config()
         if host.cpu_port_needed():

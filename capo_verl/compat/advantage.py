@@ -184,6 +184,45 @@ def _record_batch_calibration(data, adv_estimator, config) -> None:
     record_step_metrics({key: value for key, value in metrics.items() if key not in queued})
 
 
+#: how many advantage computations (training steps) :func:`watch_rewards` watches
+WATCHED_STEPS = 3
+_reward_watch: dict[str, object] = {"seen": set(), "calls": 0, "done": False}
+
+
+def watch_rewards(rewards) -> bool:
+    """Warn once when every response of the first :data:`WATCHED_STEPS` advantage computations earned the same
+    reward: every group-relative advantage is then 0 and nothing is learned. Called by capo-verl's wrapper of
+    verl's ``compute_advantage`` (``verl/trainer/ppo/ray_trainer.py``) with each step's sequence rewards.
+
+    Args:
+        rewards: the step's per-response summed rewards (a sequence of floats).
+
+    Returns:
+        True when this call logged the warning.
+    """
+    watch = _reward_watch
+    if watch["done"]:
+        return False
+    watch["seen"].update(round(float(r), 9) for r in rewards)
+    watch["calls"] += 1
+    if len(watch["seen"]) > 1:
+        watch["done"] = True
+        return False
+    if watch["calls"] < WATCHED_STEPS:
+        return False
+    watch["done"] = True
+    [value] = watch["seen"] or {float("nan")}
+    logger.warning(
+        "capo-verl: every response of the first %d steps earned the same reward (%s): every advantage is 0 and "
+        "nothing is learned. Check the reward's answer format: each row's reward_model.ground_truth and the final-"
+        "answer form its data source's scorer expects (verl's gsm8k scorer reads '#### N'), against what the "
+        "model writes within data.max_response_length tokens. (Warned once.)",
+        WATCHED_STEPS,
+        value,
+    )
+    return True
+
+
 # --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------
 @patch(
     "verl.trainer.ppo.ray_trainer",
@@ -231,6 +270,7 @@ def _patch_compute_advantage(ray_trainer) -> None:
                 _BATCH_EXTRAS.reset(token)
         config = bound.bind(data, adv_estimator, *args, **kwargs).arguments.get("config")
         _record_batch_calibration(out, adv_estimator, config)
+        watch_rewards(out.batch["token_level_rewards"].sum(-1).tolist())
         return out
 
     compute_advantage.__wrapped_by_capo_verl__ = True

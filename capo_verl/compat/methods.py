@@ -56,7 +56,9 @@ from .advantage import register_batch_aware_adv_est
 from .codapo_sampling import check_resample_setup, resample_config
 from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
+from .run_summary import remember_command
 from .simko import check_simko_setup
+from .start_report import log_start_report
 from .validation import REQUIRED, parse_val_calib, val_calib_mode
 
 __all__ = [
@@ -272,7 +274,8 @@ def check_method_configs(config) -> None:
 
 @patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils) -> None:
-    """verl/utils/config.py: ``validate_config`` first runs :func:`check_method_configs`, then verl's own checks."""
+    """verl/utils/config.py: ``validate_config`` first runs :func:`check_method_configs`, then verl's own checks, then
+    logs what the method will do (:func:`capo_verl.compat.start_report.log_start_report`)."""
     original = config_utils.validate_config
     if getattr(original, "__capo_verl__", False):
         return
@@ -280,7 +283,10 @@ def _patch_validate_config(config_utils) -> None:
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
         check_method_configs(config)
-        return original(config, use_reference_policy, use_critic)
+        result = original(config, use_reference_policy, use_critic)
+        log_start_report(config, use_reference_policy)
+        remember_command()
+        return result
 
     validate_config.__capo_verl__ = True
     config_utils.validate_config = validate_config

@@ -1,0 +1,123 @@
+"""What a run's method will do, read off its resolved config and printed once at the start.
+
+:func:`start_report` is called by capo-verl's hook of verl's ``validate_config`` (``verl/utils/config.py``;
+:func:`capo_verl.compat.methods.hook_validate_config`) after every check passed, in the process that starts the run
+(``verl.trainer.main_ppo.main``, before Ray starts) and in the launch scripts' ``--dry-run``. One block, one log
+record on the ``capo_verl`` logger:
+
+- the advantage estimator and its keys (capo-verl's: the parsed ``algorithm.<section>``; verl's ``grpo``: its
+  ``norm_adv_by_std_in_grpo``);
+- the KL term in the loss (``actor_rollout_ref.actor.use_kl_loss``, ``kl_loss_type``, ``kl_loss_coef``) and in the
+  reward (``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl.kl_coef``), on or off; with CAPO and a KL loss,
+  that the paper's CAPO trains without it and the key that turns it off;
+- the reference pass (verl's ``need_reference_policy``, with capo-verl's gate);
+- ``val-calib/*`` on or off and why (:func:`capo_verl.compat.validation.val_calib_mode`);
+- the compute dtype of the rollout, the actor and the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from capo_verl.estimators.registry import ESTIMATORS
+
+from .run_checks import MISSING, format_value, select
+from .validation import OFF, REQUIRED, val_calib_mode
+
+logger = logging.getLogger("capo_verl")
+
+#: estimators of the paper's recipe that train without a KL term (``configs/capo_qwen2.5_math_1.5b.yaml``)
+NO_KL_ESTIMATORS = ("capo", "grpo_mask")
+
+
+def _value(config, key: str, absent: str = "absent"):
+    value = select(config, key)
+    return absent if value is MISSING else format_value(value)
+
+
+def _estimator_line(config, name: str) -> str:
+    spec = ESTIMATORS.get(name)
+    if spec is not None:
+        parsed = spec.config_class.from_algorithm_config(select(config, "algorithm"))
+        fields = ", ".join(f"{f.name}={format_value(getattr(parsed, f.name))}" for f in dataclasses.fields(parsed))
+        return f"estimator: {name} (capo-verl; algorithm.{spec.section}: {fields})"
+    if name in ("grpo", "grpo_vectorized"):
+        norm = _value(config, "algorithm.norm_adv_by_std_in_grpo")
+        return f"estimator: {name} (verl's; algorithm.norm_adv_by_std_in_grpo={norm})"
+    return f"estimator: {name} (verl's)"
+
+
+def kl_lines(config, name: str) -> list[str]:
+    """The KL lines of the block: in the loss and in the reward, each on or off with its type and coefficient; with
+    CAPO (:data:`NO_KL_ESTIMATORS`) and a KL loss, that the paper's CAPO trains without it and the key."""
+    actor = "actor_rollout_ref.actor"
+    if select(config, f"{actor}.use_kl_loss") is True:
+        loss = (
+            f"KL in loss: on ({actor}.use_kl_loss=true, kl_loss_type={_value(config, f'{actor}.kl_loss_type')}, "
+            f"kl_loss_coef={_value(config, f'{actor}.kl_loss_coef')})"
+        )
+        if name in NO_KL_ESTIMATORS:
+            loss += f"; the paper's CAPO trains without it: set {actor}.use_kl_loss=false for its recipe"
+    else:
+        loss = f"KL in loss: off ({actor}.use_kl_loss={_value(config, f'{actor}.use_kl_loss')})"
+    if select(config, "algorithm.use_kl_in_reward") is True:
+        reward = (
+            f"KL in reward: on (algorithm.use_kl_in_reward=true, kl_penalty={_value(config, 'algorithm.kl_penalty')}, "
+            f"kl_ctrl.type={_value(config, 'algorithm.kl_ctrl.type')}, "
+            f"kl_ctrl.kl_coef={_value(config, 'algorithm.kl_ctrl.kl_coef')})"
+        )
+    else:
+        reward = f"KL in reward: off (algorithm.use_kl_in_reward={_value(config, 'algorithm.use_kl_in_reward')})"
+    return [loss, reward]
+
+
+def _val_calib_line(config) -> str:
+    if select(config, "data.val_files") in (MISSING, None, ""):
+        return "val-calib: off (no data.val_files: no validation)"
+    mode, reason = val_calib_mode(config)
+    if mode == OFF:
+        return f"val-calib: off ({reason})"
+    if mode == REQUIRED:
+        return f"val-calib: on ({reason})"
+    return f"val-calib: when the validation responses carry log-probs ({reason})"
+
+
+def _dtype_line(config) -> str:
+    parts = [f"rollout {_value(config, 'actor_rollout_ref.rollout.dtype')}"]
+    for role in ("actor", "ref"):
+        value = select(config, f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.param_dtype")
+        parts.append(f"{role} params {'bf16 (verl default)' if value in (MISSING, None) else format_value(value)}")
+    return "dtype: " + ", ".join(parts)
+
+
+def start_report(config, use_reference_policy: bool) -> str:
+    """The block (module docstring) for the resolved trainer ``config``.
+
+    Args:
+        config: the composed trainer config (OmegaConf ``DictConfig``) after verl's ``validate_config`` passed.
+        use_reference_policy: what ``verl.trainer.main_ppo`` computed with ``need_reference_policy`` (capo-verl's
+            gate included) and passed to ``validate_config``.
+
+    Raises nothing for a config that passed the start checks.
+    """
+    name = format_value(select(config, "algorithm.adv_estimator"))
+    reference = "on" if use_reference_policy else "off"
+    lines = [
+        "capo-verl: what this run will do",
+        _estimator_line(config, name),
+        *kl_lines(config, name),
+        f"reference pass: {reference} (ref_log_prob computed each step: verl's need_reference_policy with "
+        "capo-verl's estimators' needs)",
+        _val_calib_line(config),
+        _dtype_line(config),
+    ]
+    return "\n  ".join(lines)
+
+
+def log_start_report(config, use_reference_policy: bool) -> None:
+    """Log :func:`start_report` once (INFO, ``capo_verl`` logger); nothing for a config without ``algorithm`` or
+    ``actor_rollout_ref`` (a partial config checked by a test)."""
+    if select(config, "algorithm.adv_estimator") is MISSING or select(config, "actor_rollout_ref.actor") is MISSING:
+        return
+    logger.info("%s", start_report(config, use_reference_policy))

@@ -1,0 +1,132 @@
+"""The CPU port's values for verl's own config (capo_verl/cpu/defaults.py), and what the start of a run says about
+its method (capo_verl/compat/start_report.py), on verl's ``ppo_trainer`` config with the keys of verl's GRPO
+examples and ``algorithm.adv_estimator=capo``: the swap of the design, checked as the launch scripts' ``--dry-run``
+checks a command (no Ray, no model loaded)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from capo_verl.cpu import defaults, launch
+from capo_verl.cpu.precision import cpu_compute_dtype
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("swap_setup", Path(__file__).with_name("swap_setup.py"))
+swap_setup = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(swap_setup)
+swap_overrides = swap_setup.swap_overrides
+
+
+def checked(overrides: list[str]):
+    return launch.checked_config([sys.executable, "-m", "verl.trainer.main_ppo", *overrides])
+
+
+def test_every_key_the_cpu_port_sets_is_listed_in_docs_cpu_md_with_its_reason():
+    text = (REPO / "docs" / "cpu.md").read_text()
+    section = text.split("## What the CPU port sets in verl's own config", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \| ([^|]+) \|", section, flags=re.M)
+    assert [key for key, _, _ in rows] == [s.key for s in defaults.SETTINGS]
+    for _, value, why in rows:
+        assert value.strip() and len(why.strip()) > 20, (value, why)
+
+
+def test_the_cpu_port_sets_what_verls_defaults_cannot_do_one_line_per_key(e2e_inputs, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="capo_verl")
+    cfg = checked(swap_overrides(e2e_inputs, tmp_path / "swap"))
+    set_lines = [r.getMessage() for r in caplog.records if r.name == "capo_verl.cpu.defaults"]
+    dtype = cpu_compute_dtype().dtype
+    expected = {
+        "ray_kwargs.ray_init.num_cpus": 16,
+        "ray_kwargs.ray_init.num_gpus": 1,
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        "actor_rollout_ref.rollout.agent.num_workers": 1,
+        "reward.num_workers": 1,
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.use_torch_compile": False,
+        "actor_rollout_ref.rollout.enable_sleep_mode": False,
+        "actor_rollout_ref.rollout.enforce_eager": True,
+    }
+    if dtype == "float32":  # verl's defaults are bf16: set only on a CPU without bf16 instructions
+        expected["actor_rollout_ref.rollout.dtype"] = "float32"
+        expected["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] = "fp32"
+        expected["actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype"] = "fp32"
+    from omegaconf import OmegaConf
+
+    for key, value in expected.items():
+        assert OmegaConf.select(cfg, key) == value, key
+    # verl's ref.strategy is ${actor_rollout_ref.actor.strategy}: it follows the actor's, with no line of its own
+    del expected["actor_rollout_ref.ref.strategy"]
+    assert len(set_lines) == len(expected), set_lines
+    for line, key in zip(set_lines, [s.key for s in defaults.SETTINGS if s.key in expected], strict=True):
+        assert line.startswith(f"CPU port: {key}: ") and " -> " in line and "(" in line, line
+    # the swap keys stay as typed
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is True
+
+
+def test_a_typed_value_wins_and_one_that_cannot_work_is_refused_with_a_fix_that_works(e2e_inputs, tmp_path):
+    base = swap_overrides(e2e_inputs, tmp_path / "swap")
+    cfg = checked([*base, "actor_rollout_ref.rollout.enforce_eager=false", "ray_kwargs.ray_init.num_cpus=12"])
+    assert cfg.actor_rollout_ref.rollout.enforce_eager is False and cfg.ray_kwargs.ray_init.num_cpus == 12
+    for typed, key in (
+        ("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.strategy"),
+        ("+actor_rollout_ref.rollout.enable_sleep_mode=true", "actor_rollout_ref.rollout.enable_sleep_mode"),
+        ("+ray_kwargs.ray_init.num_gpus=0", "ray_kwargs.ray_init.num_gpus"),
+    ):
+        with pytest.raises(ValueError) as info:
+            checked([*base, typed])
+        message = str(info.value)
+        assert message.startswith(f"{key}="), message
+        fix = re.findall(r"set (\+?\S+)$", message)
+        assert fix and fix[0].lstrip("+").startswith(key), message
+        checked([*base, typed, fix[0]])  # pasted after the refused value, as a user would
+
+
+def test_nothing_is_set_off_the_cpu(e2e_inputs, tmp_path):
+    cfg_cpu = checked(swap_overrides(e2e_inputs, tmp_path / "a"))
+    assert defaults.apply(cfg_cpu) == []  # a config that works is left as it is
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=["trainer.device=cuda"])
+    assert defaults.apply(cfg) == [] and cfg.actor_rollout_ref.actor.strategy == "fsdp"
+
+
+def test_the_start_says_what_the_method_will_do(e2e_inputs, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="capo_verl")
+    checked(swap_overrides(e2e_inputs, tmp_path / "swap"))
+    [block] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capo-verl: what this run")]
+    lines = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:])
+    assert lines["estimator"].startswith("capo (capo-verl; algorithm.capo: ")
+    assert lines["KL in loss"].startswith("on (") and "low_var_kl" in lines["KL in loss"]
+    assert "kl_loss_coef=0.001" in lines["KL in loss"] and "use_kl_loss=false" in lines["KL in loss"]
+    assert lines["KL in reward"].startswith("off")
+    assert lines["reference pass"].startswith("on")
+    # verl's default validation (n=1, greedy): val-calib off, with the keys that turn it on
+    assert lines["val-calib"].startswith("off (") and "val_kwargs.n=1" in lines["val-calib"]
+    assert "val_kwargs.do_sample=true" in lines["val-calib"]
+    assert lines["dtype"].startswith("rollout ")
+
+
+def test_val_calib_true_with_verls_validation_is_refused_and_the_fix_works_pasted(e2e_inputs, tmp_path):
+    base = swap_overrides(e2e_inputs, tmp_path / "swap")
+    with pytest.raises(ValueError) as info:
+        checked([*base, "+trainer.val_calib=true"])
+    message = str(info.value)
+    assert message.startswith("actor_rollout_ref.rollout.val_kwargs.n=1: the val-calib/* metrics are required")
+    fix, off = message.rsplit("; set ", 1)[1].split(", or ")
+    checked([*base, "+trainer.val_calib=true", *fix.split()])
+    checked([*base, "+trainer.val_calib=true", off])
+    assert off == "trainer.val_calib=false"  # the key exists once typed: no + needed after +trainer.val_calib=true
+    with pytest.raises(ValueError) as info:  # n=4 alone: four greedy answers
+        checked([*base, "+trainer.val_calib=true", "actor_rollout_ref.rollout.val_kwargs.n=4"])
+    assert str(info.value).startswith("actor_rollout_ref.rollout.val_kwargs.do_sample=false: ")
