@@ -8,10 +8,12 @@
 # run's committed files (../compare_main_cpu/units): the top folder's marker, the teacher-forced pool with its
 # base-model scores, and per seed the seed folder's marker, the step-0 pass and the GRPO unit, each compressed file
 # decompressed. compare reuses them only if their recorded settings equal this run's, else it stops before training.
-# Then copy the finished unit into the repository, without what it shares and without the figures (checkpoints
-# stay behind, dumps compressed; `compare --plot-only` redraws the figures from what is copied):
+# Then copy the finished unit into the repository, without what it shares with the main run (its GRPO units, step-0
+# passes, teacher-forced pool and folder markers, all identical to the main run's committed ones) and without the
+# figures (checkpoints stay behind, dumps compressed; `compare --plot-only` redraws the figures):
 #   .venv/bin/python benchmarks/collect_compare.py --gzip-dumps --skip 'seed*/grpo' --skip 'seed*/step0' \
-#     --skip teacher_forced --skip '*.png' ~/capo_nomask/out benchmarks/results/compare_nomask_cpu/units
+#     --skip teacher_forced --skip '*.png' --skip '*.capo-verl-compare.json' \
+#     ~/capo_nomask/out benchmarks/results/compare_nomask_cpu/units
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
