@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -17,7 +16,9 @@ from capo_verl.compare.statistics import (
     paired_difference,
     pass_summary,
 )
+from capo_verl.curves import draw_series, finish_axes, png_bytes
 from capo_verl.outputs import write_atomic
+from capo_verl.stored import read_bytes, read_text, stored
 
 #: files and folders that a report (and the held-out evaluation) writes into the output folder
 REPORT_OUTPUTS = (
@@ -31,17 +32,55 @@ REPORT_OUTPUTS = (
 )
 
 
+#: marks a run's ``val_generations/0.jsonl`` as the seed's step-0 pass (``compare --share-step0``): ``{"from":
+#: "<step-0 folder>/val_generations/0.jsonl", "sha256": ...}``, the path relative to the seed's folder
+SHARED_STEP0 = "0.shared.json"
+
+
 def validation_dump(folder: Path, step: int) -> Path:
-    """``<folder>/<step>.jsonl``, or ``<step>.jsonl.gz`` where only the compressed one exists (a committed unit's
-    dumps are kept compressed: ``benchmarks/collect_compare.py --gzip-dumps``)."""
-    plain = folder / f"{step}.jsonl"
-    gz = folder / f"{step}.jsonl.gz"
-    return gz if gz.exists() and not plain.exists() else plain
+    """The validation dump of ``step`` in a run's ``val_generations`` ``folder``: ``<step>.jsonl``, or
+    ``<step>.jsonl.gz`` where only the compressed one exists (a committed unit's dumps are kept compressed:
+    ``benchmarks/collect_compare.py --gzip-dumps``); for step 0 of a run that took its seed's step-0 pass
+    (:data:`SHARED_STEP0` beside it) and holds no copy of its own (a committed unit keeps the one file), the file
+    the marker names, after checking that its SHA-256 is the recorded one.
+
+    Returns ``<folder>/<step>.jsonl`` when there is no such file (``.exists()`` then tells).
+
+    Raises:
+        ValueError: the shared step-0 pass the marker names differs from the recorded SHA-256, or is missing.
+    """
+    dump = stored(folder / f"{step}.jsonl")
+    marker = folder / SHARED_STEP0
+    if dump.exists() or step != 0 or not marker.exists():
+        return dump
+    import hashlib
+
+    record = json.loads(marker.read_text())
+    named = folder.parent.parent / record["from"]  # the hash is of the file as named: compressed or not
+    source = named if named.suffix == ".gz" else stored(named)
+    if not source.exists():
+        raise ValueError(f"{marker}: the step-0 pass it names, {source}, is missing")
+    data = source.read_bytes() if named.suffix == ".gz" else read_bytes(source)
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise ValueError(f"{marker}: {source} is not the step-0 pass this run took (its SHA-256 differs)")
+    return source
+
+
+def validation_steps(folder: Path) -> list[int]:
+    """The steps of a run's validation dumps in its ``val_generations`` ``folder`` (plain or compressed; step 0
+    also where only its :data:`SHARED_STEP0` marker is kept), sorted."""
+    if not folder.exists():
+        return []
+    steps = {int(m.group(1)) for p in folder.glob("*.jsonl*") if (m := re.fullmatch(r"(\d+)\.jsonl(\.gz)?", p.name))}
+    if (folder / SHARED_STEP0).exists():
+        steps.add(0)
+    return sorted(steps)
 
 
 def dump_lines(path: str | os.PathLike) -> list[str]:
     r"""The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
-    gzip-compressed (``.gz``), split at ``"\n"`` only. ``path`` is a ``str`` or a path object.
+    gzip-compressed (``.gz``; ``path`` without it reads ``path.gz`` where only that exists,
+    :func:`capo_verl.stored.stored`), split at ``"\n"`` only. ``path`` is a ``str`` or a path object.
 
     verl writes its dumps with ``json.dumps(..., ensure_ascii=False)`` (verl 0.9.1 ``trainer/ppo/ray_trainer.py``,
     ``_write_generations``), so a response may hold U+2028, U+2029 or U+0085 unescaped: ``str.splitlines`` would cut
@@ -52,17 +91,11 @@ def dump_lines(path: str | os.PathLike) -> list[str]:
         skip blank lines).
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path`` (nor at ``path.gz``).
         UnicodeDecodeError: the text is not UTF-8.
         gzip.BadGzipFile: a ``.gz`` file that is not gzip; ``EOFError``: one cut short.
     """
-    path = Path(path)
-    if path.suffix == ".gz":
-        import gzip
-
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return f.read().split("\n")
-    return path.read_text(encoding="utf-8").split("\n")
+    return read_text(path).split("\n")
 
 
 def read_validation_pass(path: Path) -> ValidationPass:
@@ -102,7 +135,7 @@ def read_validation_pass(path: Path) -> ValidationPass:
 def read_metrics(path: Path) -> dict[int, dict]:
     """verl's file logger (``VERL_FILE_LOGGER_PATH``): ``{step: {metric: value}}``, lines of a step merged."""
     steps: dict[int, dict] = {}
-    if not path.exists():
+    if not stored(path).exists():
         return steps
     for line in dump_lines(path):
         if line.strip():
@@ -126,8 +159,7 @@ def series(steps: dict[int, dict], key_suffix: str, prefix: str = "") -> tuple[l
 def validation_passes(run_dir: Path) -> list[ValidationPass]:
     """Every validation dump of a method, by step."""
     folder = run_dir / "val_generations"
-    steps = {int(m.group(1)) for p in folder.glob("*.jsonl*") if (m := re.fullmatch(r"(\d+)\.jsonl(\.gz)?", p.name))}
-    return [read_validation_pass(validation_dump(folder, step)) for step in sorted(steps)] if folder.exists() else []
+    return [read_validation_pass(validation_dump(folder, step)) for step in validation_steps(folder)]
 
 
 def _fmt_ci(value, ci, pct=False) -> str:
@@ -297,25 +329,9 @@ def _plots(out: Path, runs: dict, *, n_boot: int) -> None:
             xs, ys, lo, hi = getter(r)
             if xs:
                 drawn = True
-                if smooth and len(ys) >= smooth:  # raw per-step values faint, trailing moving average bold
-                    line = ax.plot(xs, ys, lw=0.8, alpha=0.35)[0]
-                    avg = np.convolve(ys, np.ones(smooth) / smooth, mode="valid")
-                    ax.plot(xs[smooth - 1 :], avg, color=line.get_color(), lw=2, label=f"{m} ({smooth}-step mean)")
-                    continue
-                line = ax.plot(xs, ys, marker="o", ms=3, label=m)[0]
-                if lo is not None:
-                    ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        if drawn:
-            ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        png = io.BytesIO()
-        fig.savefig(png, dpi=120, format="png")
-        write_atomic(out / name, png.getvalue())
-        plt.close(fig)
+                draw_series(ax, xs, ys, m, lo, hi, smooth=smooth)
+        finish_axes(ax, title, ylabel, drawn)
+        write_atomic(out / name, png_bytes(fig))
 
     def val_getter(key, ci_key):
         def get(r):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from capo_verl.compare.methods import METHODS
 from capo_verl.compare.outdir import RUN_MARKER
-from capo_verl.compare.report import validation_dump
+from capo_verl.compare.report import SHARED_STEP0, validation_dump
 from capo_verl.cpu.launch import run_launched
 
 logger = logging.getLogger("capo_verl.compare")
@@ -240,8 +240,6 @@ def final_hf_checkpoint(run_dir: Path) -> Path:
     )
 
 
-#: marks a run's ``val_generations/0.jsonl`` as the seed's step-0 pass (``compare --share-step0``)
-SHARED_STEP0 = "0.shared.json"
 #: ``<out>/seed<k>/step0``: the seed's step-0 pass (``compare --share-step0``), which every method takes
 STEP0_DIR = "step0"
 
@@ -257,7 +255,7 @@ def check_step0_source(base_dir: Path, run_dir: Path) -> None:
     if not source.exists():
         raise RuntimeError(f"{source}: no step-0 validation pass to share")
     own = validation_dump(run_dir / "val_generations", 0)
-    if own.exists() and not (own.parent / SHARED_STEP0).exists():
+    if own.exists() and not (run_dir / "val_generations" / SHARED_STEP0).exists():
         raise RuntimeError(f"{own}: the run validated step 0 itself; it cannot also take {source}")
 
 
@@ -277,8 +275,8 @@ def share_step0(base_dir: Path, run_dir: Path) -> Path:
     source = validation_dump(base_dir / "val_generations", 0)
     target = run_dir / "val_generations" / source.name
     marker = target.parent / SHARED_STEP0
-    if target.exists() and marker.exists():
-        return target
+    if marker.exists() and (target.exists() or validation_dump(target.parent, 0) == source):
+        return target if target.exists() else source  # a committed unit keeps the seed's one copy
     data = source.read_bytes()
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)

@@ -57,8 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl.compare.report import dump_lines, read_metrics, series, validation_dump, validation_passes
-from capo_verl.compare.running import SHARED_STEP0
+from capo_verl.compare.report import SHARED_STEP0, dump_lines, read_metrics, series, validation_dump, validation_passes
 from capo_verl.compare.seeds_figure import seeds_curves
 from capo_verl.compare.seeds_markdown import seeds_markdown
 from capo_verl.compare.statistics import (
@@ -69,6 +68,7 @@ from capo_verl.compare.statistics import (
     seed_t_interval,
 )
 from capo_verl.compare.verdict import StudyPlan, co_primary
+from capo_verl.stored import stored
 
 #: ``actor/entropy`` is averaged over this many last logged steps of each run, unless a plan file says otherwise
 ENTROPY_LAST_STEPS = 5
@@ -282,7 +282,7 @@ def step0_agreement(out: Path, methods: list[str], seeds: list[int]) -> dict | N
     for m in methods[1:]:
         result[f"{m} - {methods[0]}"] = fractions = []
         for k in seeds:
-            if (files[(k, m)].parent / SHARED_STEP0).exists():
+            if (out / f"seed{k}" / m / "val_generations" / SHARED_STEP0).exists():
                 fractions.append(None)
                 continue
             try:
@@ -359,7 +359,7 @@ def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | No
     from capo_verl.evaluation.teacher_forced import question_keys
     from capo_verl.metrics import its_credit, per_group_auc, per_group_pass_at_k
 
-    files = {(k, m): out / f"seed{k}" / m / "eval_generations.jsonl" for k in seeds for m in methods}
+    files = {(k, m): stored(out / f"seed{k}" / m / "eval_generations.jsonl") for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):
         return None
     per_run, questions, n_min = {}, None, None

@@ -31,6 +31,7 @@ import numpy as np
 from capo_verl import inputs
 from capo_verl import metrics as M
 from capo_verl.evaluation import REQUIRED_FIELDS
+from capo_verl.stored import open_binary, stored
 
 #: marks a folder that ``capo-verl eval score`` made (:func:`check_out_dir`)
 MARKER = ".capo-verl-eval-score.json"
@@ -154,7 +155,7 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
             repeats; or questions have different numbers of responses (runs of different k mixed in one
             file). The message names the file and line.
     """
-    path = Path(path)
+    path = stored(path)  # committed generations are kept compressed: <name>.jsonl.gz
     inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
         path,
         "generation file",
@@ -166,7 +167,7 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
     }
     first_line: dict[tuple[str, str, int], int] = {}  # (data_source, question_id, sample_index) -> line
     questions: dict[tuple[str, str], list[int]] = {}  # (data_source, question_id) -> [first line, responses]
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         for i, raw in inputs.numbered_lines(f, path):  # a line beyond its bound refused before it is held whole
             try:
                 line = raw.decode("utf-8")

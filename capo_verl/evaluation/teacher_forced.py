@@ -50,12 +50,12 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from capo_verl import inputs
 from capo_verl import metrics as M
+from capo_verl.stored import open_binary, stored
 
 logger = logging.getLogger("capo_verl.evaluation")
 
@@ -78,7 +78,7 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
         ValueError: a folder, a file with no response, a line that is not a JSON object, or a line missing one of
             the fields above or holding a wrong type (the message names the file and line).
     """
-    path = Path(path)
+    path = stored(path)  # a committed pool is kept compressed: pool.jsonl.gz
     inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
         path,
         "pool file",
@@ -86,7 +86,7 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
         folder_hint="pass a pool .jsonl file (from `capo-verl eval generate`)",
     )
     out: list[dict] = []
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         try:  # each line read with a bound: one beyond it is refused before it is held whole
             lines = [raw.decode("utf-8") for _, raw in inputs.numbered_lines(f, path)]
         except UnicodeDecodeError as e:
