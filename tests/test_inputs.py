@@ -123,11 +123,14 @@ def test_a_symlink_loop_is_named_as_a_loop_by_every_command(loop, tmp_path, caps
         inputs.check_data_file(loop)
 
 
+#: the command in a fresh process, then its resident high-water mark in KiB (VmHWM: of this process's own memory since
+#: its exec; ru_maxrss would also count the parent's resident set at fork)
 SPARSE_SCORE = """
-import resource, sys
+import sys
 from capo_verl.cli import main
 code = main(["eval", "score", sys.argv[1], "--out", sys.argv[2]])
-print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+with open("/proc/self/status") as f:
+    print(code, next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
 """
 
 
