@@ -39,6 +39,7 @@ difference is stated where a user reads it (``tests/test_commands.py`` checks ev
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import re
@@ -311,8 +312,14 @@ def folder_problem(path: str | os.PathLike) -> str | None:
     Returns:
         None, or the reason as a predicate that reads after the path (``--out PATH is a file, not a folder``,
         ``key=PATH: cannot be created or written (Permission denied)``): ``is a file, not a folder``, ``lies under
-        <file>, which is a file``, or ``cannot be created or written (<the operating system's error>)``.
+        <file>, which is a file``, ``runs into a symlink loop (...)``, or ``cannot be created or written (<the
+        operating system's error>)``.
     """
+    try:
+        os.stat(os.path.expanduser(str(path)))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "runs into a symlink loop (a link that points back to itself)"
     folder = Path(os.path.realpath(os.path.expanduser(str(path))))  # `..` and symlinks followed, as mkdir does
     missing: list[Path] = []
     probe = folder

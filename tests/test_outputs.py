@@ -119,6 +119,14 @@ def test_a_symlink_loop_is_named_as_a_loop(tmp_path):
         Outputs("test").input("--data", tmp_path / "a")
     with pytest.raises(SymlinkLoop, match="is a symlink loop"):
         Outputs("test").input("--data", tmp_path / "a" / "x.jsonl")
+    for declare in (
+        lambda: Outputs("test").folder("--out", tmp_path / "a", owns=["x"]),
+        lambda: Outputs("test").file("--out", tmp_path / "a" / "x.json"),
+    ):
+        with pytest.raises(outputs.commands.UsageError, match="runs into a symlink loop"):
+            declare()
+    with pytest.raises(SymlinkLoop, match=r"--out .*/a: .*/a is a symlink loop"):
+        Outputs("test").file("--out", tmp_path / "a")
 
 
 # ------------------------------------------------------------------------------------------ whole or untouched
