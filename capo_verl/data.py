@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from capo_verl import commands
+from capo_verl.stored import read_text
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -338,15 +339,16 @@ def gsm8k_calc_problems(path: str | os.PathLike, max_value: int = 100) -> list[t
 
     Args:
         path: a GSM8K jsonl file (``answer`` field with ``<<...>>`` annotations), e.g. the shipped
-            ``capo_verl/resources/train/gsm8k_train.jsonl`` or ``resources/benchmarks/gsm8k_test.jsonl``.
+            ``capo_verl/resources/train/gsm8k_train.jsonl`` (shipped as ``.jsonl.gz``, read as it is,
+            :func:`capo_verl.stored.stored`) or ``resources/benchmarks/gsm8k_test.jsonl``.
         max_value: exclusive bound on operands and result.
 
     Returns:
         ``[(expression, result), ...]``, e.g. ``("48/2", "24")``.
     """
     seen: dict[str, str] = {}
-    with open(path) as f:
-        for line in f:
+    for line in read_text(path).split("\n"):  # the shipped training file is kept compressed (.jsonl.gz)
+        if line.strip():
             for expr, result in _CALC_PATTERN.findall(json.loads(line)["answer"]):
                 expr, result = expr.strip(), result.strip()
                 match = _SIMPLE_EXPR.fullmatch(expr)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from capo_verl import commands
+from capo_verl.stored import read_text
 
 logger = logging.getLogger("capo_verl.cpu.models")
 
@@ -244,8 +245,8 @@ def tiny_model_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = Path(__file__).parents[1] / "resources" / "train" / "gsm8k_train.jsonl"
-    with open(data) as f:
-        texts = [json.loads(line)["question"] for _, line in zip(range(2000), f)]
+    lines = read_text(data).split("\n")  # shipped compressed: gsm8k_train.jsonl.gz
+    texts = [json.loads(line)["question"] for line in lines[:2000]]
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())

@@ -105,15 +105,15 @@ def make_inputs(folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from capo_verl.cpu.models import tiny_model_checkpoint
+    from capo_verl.stored import read_text
 
     model_dir = folder / "model"
     tiny_model_checkpoint(model_dir, init_std=0.5, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     questions = []
     data = Path(__import__("capo_verl").__file__).parent / "resources" / "train" / "gsm8k_train.jsonl"
-    with open(data) as f:
-        for _, line in zip(range(BS_PROMPTS), f):
-            questions.append(json.loads(line)["question"])
+    for line in read_text(data).split("\n")[:BS_PROMPTS]:  # shipped compressed: gsm8k_train.jsonl.gz
+        questions.append(json.loads(line)["question"])
     prompts = torch.full((BS_PROMPTS, PROMPT_LEN), tokenizer.pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros(BS_PROMPTS, PROMPT_LEN, dtype=torch.long)
     for i, q in enumerate(questions):
