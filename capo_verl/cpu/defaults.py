@@ -143,6 +143,14 @@ SETTINGS: tuple[CpuSetting, ...] = (
         "vLLM compiles the model at every start without it, about 2.5 minutes on a CPU",
     ),
     CpuSetting(
+        "actor_rollout_ref.rollout.enable_chunked_prefill",
+        lambda v, c: v is False,
+        lambda c: False,
+        "after a partial prefill vLLM rewinds a seeded request's generator by an offset that CPU generators lack "
+        "('CPU Generator does not use offset': the engine dies), and capo-verl seeds every rollout request on a CPU",
+        refuse_typed=True,
+    ),
+    CpuSetting(
         "actor_rollout_ref.rollout.dtype",
         lambda v, c: v == precision.cpu_compute_dtype().dtype,
         lambda c: precision.cpu_compute_dtype().dtype,
