@@ -128,7 +128,7 @@ def base_args(tmp_path: Path, out: Path, *extra: str) -> list[str]:
         ),
         (
             ["actor_rollout_ref.rollout.val_kwargs.do_sample=false"],
-            "method grpo: capo-verl compare needs sampled validation",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample",  # refused before anything is written, naming the key
         ),
         (["--seeds", "0-2000"], "argument --seeds: '0-2000': more than 100 seeds; each trains every method"),
         (["--val-questions", "most"], "argument --val-questions: not an integer: 'most'"),
