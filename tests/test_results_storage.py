@@ -49,7 +49,11 @@ def test_tracked_tree_fits_a_gpu_transfer():
 
 
 def test_raw_dumps_are_stored_compressed():
-    plain = [n for _, n in _tracked() if n.startswith("benchmarks/results/") and n.endswith(".jsonl")]
+    plain = [
+        n
+        for _, n in _tracked()
+        if n.startswith("benchmarks/results/") and n.endswith(".jsonl") and Path(n).name != "attempts.jsonl"
+    ]  # compare's own records of a unit's starts stay plain (benchmarks/compress_results.py, KEPT_PLAIN)
     assert not plain, (
         f"plain JSON-lines dumps under benchmarks/results: {plain[:5]}; run benchmarks/compress_results.py"
     )
