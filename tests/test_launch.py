@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,7 +94,25 @@ def test_a_signal_stops_every_process_of_the_run_and_removes_its_segments_only(s
     assert not os.path.exists(segment)
     assert os.path.exists(other)
     assert f"{signal.Signals(sig).name}: stopping the run" in err
-    assert "trainer.resume_mode=auto" in err
+    assert "no checkpoint was written" in err and "resume_mode" not in err  # the stand-in saves none
+
+
+def test_the_resume_hint_names_the_last_checkpoint_only_when_one_exists(tmp_path):
+    from capo_verl.cpu.defaults import checkpoint_note
+    from capo_verl.cpu.launch import resume_hint
+
+    ledger = str(tmp_path / "ledger")
+    assert "no checkpoint was written" in resume_hint(ledger)  # no note: the trainer never started
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    Path(checkpoint_note(ledger)).write_text(str(folder))
+    assert "no checkpoint was written" in resume_hint(ledger)
+    assert not os.path.exists(checkpoint_note(ledger))  # the note is removed
+    (folder / "global_step_2").mkdir()
+    (folder / "latest_checkpointed_iteration.txt").write_text("2")
+    Path(checkpoint_note(ledger)).write_text(str(folder))
+    hint = resume_hint(ledger)
+    assert str(folder / "global_step_2") in hint and hint.endswith("trainer.resume_mode=auto")
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(start):

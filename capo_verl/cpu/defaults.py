@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -228,6 +229,30 @@ def _interpolated_by_profile(config, key: str) -> bool:
     return OmegaConf.is_interpolation(parent, leaf) and precision.RESOLVER in str(parent._get_node(leaf)._value())
 
 
+def checkpoint_note(ledger: str) -> str:
+    """The file beside a run's ``/dev/shm`` ledger (:mod:`capo_verl.cpu.shm`) that names its checkpoint folder."""
+    return f"{ledger}.checkpoints"
+
+
+def record_checkpoint_folder(config) -> str | None:
+    """In a run started by :mod:`capo_verl.cpu.launch` (its ledger in ``CAPO_VERL_RUN``), write the resolved
+    ``trainer.default_local_dir`` to :func:`checkpoint_note`, so that the launcher can tell whether a stopped run left
+    a checkpoint to resume from. Returns the folder written, or None outside such a run.
+
+    Raises:
+        OSError: the note cannot be written beside the ledger.
+    """
+    from .shm import RUN_ENV
+
+    ledger = os.environ.get(RUN_ENV)
+    folder = select(config, "trainer.default_local_dir")
+    if not ledger or not isinstance(folder, str):
+        return None
+    with open(checkpoint_note(ledger), "w") as note:
+        note.write(os.path.abspath(os.path.expanduser(folder)))
+    return folder
+
+
 @patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils: ModuleType) -> None:
     """``verl/utils/config.py``: ``validate_config`` first applies :data:`SETTINGS` (:func:`apply`), then runs what it
@@ -239,7 +264,9 @@ def _patch_validate_config(config_utils: ModuleType) -> None:
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
         apply(config)
-        return original(config, use_reference_policy, use_critic)
+        result = original(config, use_reference_policy, use_critic)
+        record_checkpoint_folder(config)
+        return result
 
     validate_config.__capo_verl_cpu_defaults__ = True
     config_utils.validate_config = validate_config

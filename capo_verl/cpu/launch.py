@@ -250,13 +250,35 @@ class Run:
         if removed:
             self._say(f"removed {len(removed)} shared-memory segment(s) of the run from /dev/shm")
         self._end_ray_tmpdir(rc, session)
+        hint = resume_hint(self.ledger)
         if self.stop_signal is not None:
             self._say(
                 f"run stopped {time.monotonic() - self.stop_time:.0f} s after {signal.Signals(self.stop_signal).name}; "
-                "to resume from its last checkpoint, run the same command with trainer.resume_mode=auto"
+                + hint
             )
             return 128 + self.stop_signal
         return 128 - rc if rc < 0 else rc
+
+
+def resume_hint(ledger: str) -> str:
+    """What a stopped run can do next: resume from the last complete checkpoint in the folder its trainer recorded
+    (:func:`capo_verl.cpu.defaults.record_checkpoint_folder`), named, with ``trainer.resume_mode=auto``; or, when none
+    was written, that the same command starts again from the model. The note is removed."""
+    from capo_verl.compat.run_summary import last_checkpoint
+
+    from .defaults import checkpoint_note
+
+    note = checkpoint_note(ledger)
+    try:
+        with open(note) as f:
+            folder = f.read().strip()
+        os.unlink(note)
+    except OSError:
+        folder = None
+    checkpoint = last_checkpoint(folder) if folder else None
+    if checkpoint is None:
+        return "no checkpoint was written, so the same command starts again from the model"
+    return f"to resume from its last checkpoint ({checkpoint}), run the same command with trainer.resume_mode=auto"
 
 
 def launch_command(cmd: list[str], grace_s: float | None = None) -> list[str]:
