@@ -51,6 +51,7 @@ CPU_PORT_PATCHES = [
     "capo_verl.cpu.platform._patch_replay_buffer",
     "capo_verl.cpu.platform._register_platform",
     "capo_verl.cpu.profile._patch_validate_config",
+    "capo_verl.cpu.quiet._skip_numa_affinity",
     "capo_verl.cpu.shm._record_loky_semaphores",
     "capo_verl.cpu.shm._record_shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets",

@@ -5,16 +5,23 @@ is not installed (torchtitan, veomni, automodel, mindspeed, megatron: 10 lines w
 TaskRunner and in every worker). On a CPU the port trains with FSDP2, so none of them is needed. While that module
 executes (:func:`capo_verl.compat.patching.around_import`), its warnings are recorded; those matching :data:`KNOWN`
 are counted and logged as one INFO line (``capo_verl.cpu.quiet``), every other warning is issued again as it came.
+
+``verl/utils/distributed.py``: ``set_numa_affinity()`` (called by every engine worker,
+``verl/workers/engine_workers.py``) pins the process to the NUMA node of its GPU through NVML, and without a GPU
+prints "Warning: Failed to set NUMA affinity" in each worker. On a CPU there is no GPU to pin to: the port makes it
+do nothing (:func:`_skip_numa_affinity`), logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import warnings
+from types import ModuleType
 
-from capo_verl.compat.patching import around_import
+from capo_verl.compat.patching import after_import, around_import, patch
 
 logger = logging.getLogger("capo_verl.cpu.quiet")
 
@@ -57,10 +64,25 @@ def _sorted_warnings():
         )
 
 
+@patch("verl.utils.distributed", {"set_numa_affinity": ()})
+def _skip_numa_affinity(distributed: ModuleType) -> None:
+    """``verl/utils/distributed.py``: ``set_numa_affinity`` does nothing on a CPU (module docstring)."""
+    original = distributed.set_numa_affinity
+
+    @functools.wraps(original)
+    def set_numa_affinity(*args, **kwargs):
+        logger.debug("set_numa_affinity skipped: no GPU to pin this process's NUMA node to")
+
+    distributed.set_numa_affinity = set_numa_affinity
+
+
 def install() -> None:
-    """Sort the warnings of :data:`MODULE`'s import (module docstring); called by :func:`capo_verl.cpu.install`.
+    """Sort the warnings of :data:`MODULE`'s import and skip verl's GPU NUMA pinning (module docstring); called by
+    :func:`capo_verl.cpu.install`.
 
     Raises:
-        RuntimeError: :data:`MODULE` was imported before the CPU port was installed.
+        RuntimeError: :data:`MODULE` was imported before the CPU port was installed; (at that import)
+            ``set_numa_affinity`` is no longer verl 0.9.1's.
     """
     around_import(MODULE, _sorted_warnings)
+    after_import("verl.utils.distributed", _skip_numa_affinity)
