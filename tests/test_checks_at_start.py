@@ -1,6 +1,6 @@
 """Values the run reads only later are refused before it starts: in verl's ``validate_config`` (hooked by
 capo_verl/compat/methods.py::check_start_values, and, on this host without an accelerator, by the CPU port's
-capo_verl/cpu/profile.py for ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S``), so also by the launch scripts' ``--dry-run``.
+capo_verl/cpu/defaults.py for ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S``), so also by the launch scripts' ``--dry-run``.
 
 Before, ``trainer.val_calib=maybe`` failed at the first validation pass, ``reward_kwargs.timeout_s=-1`` at the first
 reward call, ``CAPO_REWARD_PROCS`` at the first math-verify call and ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` at the first

@@ -73,7 +73,6 @@ PATCHED_MODULES = {
     "capo_verl.cpu.platform._patch_model_config": "verl.workers.config.model",
     "capo_verl.cpu.platform._patch_replay_buffer": "verl.trainer.ppo.v1.replay_buffer",
     "capo_verl.cpu.platform._register_platform": "verl.plugin.platform",
-    "capo_verl.cpu.profile._patch_validate_config": "verl.utils.config",
     "capo_verl.cpu.defaults._patch_validate_config": "verl.utils.config",
     "capo_verl.cpu.quiet._skip_numa_affinity": "verl.utils.distributed",
     "capo_verl.cpu.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
@@ -89,7 +88,7 @@ PATCHED_MODULES = {
 
 def test_every_patch_is_declared_with_the_module_it_changes():
     from capo_verl.compat import advantage, codapo_sampling, methods, run_summary, simko, validation  # noqa: F401
-    from capo_verl.cpu import defaults, platform, profile, quiet, shm, vllm_cpu  # noqa: F401
+    from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401
 
     assert {name: patch.module for name, patch in compat.PATCHES.items()} == PATCHED_MODULES
     for patch in compat.PATCHES.values():

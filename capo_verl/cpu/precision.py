@@ -155,8 +155,9 @@ def register_resolver() -> None:
 def resolve_in_place(config) -> list[str]:
     """Replace every ``${capo_cpu_dtype:...}`` value in ``config`` by its value, and log the choice once.
 
-    Called on the composed trainer config before verl's checks (:mod:`capo_verl.cpu.profile`), in the process
-    that starts the run, so the run's other processes receive plain values and the choice is logged once.
+    Called on the composed trainer config before verl's checks (the CPU port's hook,
+    :func:`capo_verl.cpu.defaults._patch_validate_config`), in the process that starts the run, so the run's other
+    processes receive plain values and the choice is logged once.
 
     Args:
         config: an OmegaConf ``DictConfig`` (changed in place).
