@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from capo_verl.cpu import shm
 from capo_verl.cpu.shm import RUN_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,15 +205,32 @@ def read_steps(path: Path) -> dict[int, dict]:
     return steps
 
 
-def new_shm_left(shm_before: set[str], t0: float, settle_s: float = 5.0) -> list[str]:
+def new_shm_left(shm_before: set[str], t0: float, owner_pid: int, settle_s: float = 5.0) -> list[str]:
     """``/dev/shm`` entries of :data:`SHM_PATTERNS` that appeared since ``shm_before`` (taken at ``t0``), that no
-    live process maps and that are still there ``settle_s`` s later: what a run left behind. Another run's entries
-    in use are not counted, nor those it is removing as it ends (pytest-xdist runs two launches at once)."""
+    live process maps and that are still there ``settle_s`` s later: what the run of the launcher ``owner_pid`` left
+    behind. pytest-xdist runs two launches at once: another run's entries are not counted, in use or not (between
+    its processes' end and its launcher's cleanup they are mapped by nobody): :func:`_other_runs_entries`."""
     left = _new_unmapped_shm(shm_before, t0)
     if left:
         time.sleep(settle_s)
-        left = sorted(set(left) & set(_new_unmapped_shm(shm_before, t0)))
+        left = set(left) & set(_new_unmapped_shm(shm_before, t0))
+        # read the other ledgers before looking again: a run's launcher unlinks its segments, then its ledger
+        others = _other_runs_entries(owner_pid)
+        left = sorted(p for p in left if p not in others and os.path.exists(p))
     return left
+
+
+def _other_runs_entries(owner_pid: int) -> set[str]:
+    """The ``/dev/shm`` entries that the runs of other launchers still running recorded in their ledgers
+    (capo_verl.cpu.shm: segments by path, loky semaphores by the pids of the run that name them)."""
+    entries: set[str] = set()
+    for ledger in glob.glob(os.path.join(tempfile.gettempdir(), "capo-verl-run-*.shm")):
+        if os.path.basename(ledger).startswith(f"capo-verl-run-{owner_pid}-"):
+            continue
+        entries.update(shm.recorded(ledger))
+        for pid in shm.recorded_pids(ledger):
+            entries.update(glob.glob(os.path.join("/dev/shm", shm.LOKY_SEMAPHORE.format(pid=pid))))
+    return entries
 
 
 def _new_unmapped_shm(shm_before: set[str], t0: float) -> list[str]:
@@ -263,7 +282,7 @@ class VerlLaunch:
             log=self.log_path.read_text(),
             steps=read_steps(self.metrics),
             workdir=self.workdir,
-            shm_left=new_shm_left(self.shm_before, self.t0),
+            shm_left=new_shm_left(self.shm_before, self.t0, self.proc.pid),
         )
 
 

@@ -50,11 +50,21 @@ def _stop(launch, sig: signal.Signals):
     return run, time.monotonic() - t0, before, ledger
 
 
+def _described(path: str) -> str:
+    """Size and age of a segment left behind: a vLLM ring buffer is hundreds of MB, a weight bucket its size."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "gone"
+    return f"{st.st_size} bytes, made {time.time() - st.st_ctime:.0f} s ago"
+
+
 def _assert_nothing_left(run, before, ledger, other_segment):
     alive = [p for p in before if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [psutil.Process(p).cmdline() for p in alive]
     assert run_processes(ledger) == []
-    assert [p for p in run.shm_left if p != other_segment] == []
+    left = [p for p in run.shm_left if p != other_segment]
+    assert left == [], {p: _described(p) for p in left}
     assert not os.path.exists(ledger)
     assert os.path.exists(other_segment)
 
