@@ -111,7 +111,9 @@ def test_the_start_says_what_the_method_will_do(e2e_inputs, tmp_path, caplog):
     assert lines["KL in loss"].startswith("on (") and "low_var_kl" in lines["KL in loss"]
     assert "kl_loss_coef=0.001" in lines["KL in loss"] and "use_kl_loss=false" in lines["KL in loss"]
     assert lines["KL in reward"].startswith("off")
-    assert lines["reference pass"].startswith("on")
+    # on for both of its uses: verl's KL loss, and CAPO's noise mask
+    assert lines["reference pass"].startswith("on") and "KL term" in lines["reference pass"]
+    assert "algorithm.capo.use_mask=true" in lines["reference pass"]
     # verl's default validation (n=1, greedy): val-calib off, with the keys that turn it on
     assert lines["val-calib"].startswith("off (") and "val_kwargs.n=1" in lines["val-calib"]
     assert "val_kwargs.do_sample=true" in lines["val-calib"]

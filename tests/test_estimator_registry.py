@@ -1,5 +1,5 @@
 """Each estimator declares its registration next to its function (capo_verl/estimators/registry.py), and
-capo_verl/compat/methods.py registers exactly what was declared with the real verl."""
+capo_verl/compat/advantage.py registers exactly what was declared with the real verl, through one wrapper."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos, ray_trainer
 
 from capo_verl.compat.advantage import estimator_needs_reference_policy, pop_step_metrics
-from capo_verl.compat.methods import _register_all, check_method_configs
+from capo_verl.compat.methods import check_method_configs
 from capo_verl.estimators import CapoConfig, CdeConfig, CodapoConfig, registry
 from capo_verl.estimators.capo import compute_capo_outcome_advantage
 from capo_verl.estimators.cde import compute_cde_outcome_advantage
@@ -50,9 +50,7 @@ def test_each_module_declares_its_estimator():
 def test_verl_holds_what_each_estimator_declared(name):
     spec = registry.ESTIMATORS[name]
     registered = core_algos.get_adv_estimator_fn(name)
-    assert registered.__wrapped__ is spec.fn
-    assert registered.batch_keys == spec.batch_keys
-    assert registered.needs_training_step == spec.needs_training_step
+    assert registered.__wrapped__ is spec.fn and registered.spec is spec
     mask_on = OmegaConf.create({"adv_estimator": name, "capo": {"use_mask": True}})
     mask_off = OmegaConf.create({"adv_estimator": name, "capo": {"use_mask": False}})
     reads_the_mask = name in ("capo", "grpo_mask")
@@ -71,27 +69,32 @@ def test_a_second_declaration_of_a_name_or_a_section_is_refused():
 
 
 def test_a_new_estimator_is_one_declaration():
-    """Declared in one place, it is registered with verl, gets the batch tensor it names through verl's real
-    ``compute_advantage``, and its section is checked in verl's ``validate_config`` hook."""
+    """Declared in one place after verl is imported, it is registered with verl at once, gets the batch tensor it
+    names (and verl's keywords, and no other batch tensor) through verl's real ``compute_advantage``, and its
+    section is checked in verl's ``validate_config`` hook."""
     seen = {}
 
     @registry.register_estimator("capo_probe", batch_keys=("old_log_probs",), section="cde", config_class=CdeConfig)
     def compute_probe(token_level_rewards, response_mask, index=None, config=None, old_log_probs=None, **kwargs):
-        seen["old_log_probs"] = old_log_probs
+        seen.update(kwargs, old_log_probs=old_log_probs, index=index)
         return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)
 
     try:
-        _register_all(core_algos)
+        assert core_algos.get_adv_estimator_fn("capo_probe").__wrapped__ is compute_probe
         old = torch.full((4, 3), -0.5)
+        tensors = {"token_level_rewards": torch.zeros(4, 3), "response_mask": torch.ones(4, 3), "old_log_probs": old}
         data = DataProto.from_dict(
-            tensors={"token_level_rewards": torch.zeros(4, 3), "response_mask": torch.ones(4, 3), "old_log_probs": old},
+            tensors={**tensors, "ref_log_prob": torch.zeros(4, 3)},
             non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)},
         )
         ray_trainer.compute_advantage(data, adv_estimator="capo_probe", config=OmegaConf.create({}))
-        assert torch.equal(seen["old_log_probs"], old)
+        assert torch.equal(seen.pop("old_log_probs"), old)
+        assert list(seen.pop("index")) == ["a", "a", "b", "b"]
+        assert seen == {}  # ref_log_prob is in the batch, not declared: not passed
+        assert "advantages" in data.batch.keys()
         with pytest.raises(ValueError, match=r"algorithm\.cde"):
             check_method_configs(OmegaConf.create({"algorithm": {"adv_estimator": "capo_probe", "cde": {"w0": -1}}}))
     finally:
-        registry.ESTIMATORS.pop("capo_probe", None)
+        registry.ESTIMATORS.pop("capo_probe", None)  # its name and section may be declared again
         core_algos.ADV_ESTIMATOR_REGISTRY.pop("capo_probe", None)
         pop_step_metrics()

@@ -1,4 +1,4 @@
-"""What the estimators share (capo_verl/estimators/common.py) and how verl calls them (capo_verl/compat/methods.py):
+"""What the estimators share (capo_verl/estimators/common.py) and how verl calls them (capo_verl/compat/advantage.py):
 every registered name is batch-aware in verl's registry, GRPO's group statistics equal verl's (to the last bit but
 for a rare rounding of the std), and a group whose outcomes are all equal gets exactly 0 in every estimator, through
 verl's real ``compute_advantage``."""
@@ -15,21 +15,20 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos, ray_trainer
 
-from capo_verl.compat.advantage import pop_step_metrics
-from capo_verl.compat.methods import ESTIMATORS
+from capo_verl.compat.advantage import ESTIMATORS, pop_step_metrics
 from capo_verl.estimators.common import group_ids, grpo_group_advantages
 
 
-def test_every_estimator_is_registered_with_its_batch_keys():
+def test_every_estimator_is_registered_with_its_declaration():
     assert set(ESTIMATORS) == {"capo", "grpo_mask", "codapo", "cde"}
     for name, spec in ESTIMATORS.items():
         registered = core_algos.get_adv_estimator_fn(name)
-        assert registered.__wrapped__ is spec.fn and registered.batch_keys == spec.batch_keys
+        assert registered.__wrapped__ is spec.fn and registered.spec is spec
     # registering again (a second plugin load in the same process) changes nothing
-    from capo_verl.compat.methods import _register_all
+    from capo_verl.compat.advantage import _register_declared
 
     before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
-    _register_all(core_algos)
+    _register_declared(core_algos)
     assert core_algos.ADV_ESTIMATOR_REGISTRY == before
 
 

@@ -103,7 +103,7 @@ def install() -> None:
     CPU port (:func:`capo_verl.cpu.install`) where :func:`.host.cpu_port_needed` says verl will resolve its ``cpu``
     platform: ``VERL_PLATFORM=cpu``, or no accelerator seen by torch nor claimed by a verl platform.
     :func:`installed_patches` lists what was installed. The estimators are registered by the entry point
-    (:func:`.methods.register_estimators`) in any case.
+    (:func:`.advantage.register_estimators`) in any case.
 
     Raises:
         RuntimeError: verl's version is untested, or one of the patches no longer fits verl's (or vLLM's) code.

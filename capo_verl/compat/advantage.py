@@ -1,25 +1,28 @@
-"""verl glue for batch-aware advantage estimators (the ``capo`` estimator and its ablations).
+"""verl glue for capo-verl's advantage estimators (the ``capo`` estimator, its ablations and the baselines).
 
 verl 0.9.1 calls a registered estimator as ``fn(token_level_rewards=, response_mask=, config=, index=)``
 (``verl/trainer/ppo/ray_trainer.py::compute_advantage``), although ``old_log_probs`` and ``ref_log_prob``
 are in ``data.batch`` at that moment. This module:
 
-1. wraps ``compute_advantage`` so that an estimator registered with :func:`register_batch_aware_adv_est`
-   receives the batch tensors it declares (``batch_keys``) as keyword arguments. The call still goes
-   through verl's own ``compute_advantage``; every other estimator runs exactly as before.
-2. extends ``need_reference_policy`` (``verl/trainer/ppo/utils.py``) so that an estimator that needs
-   ``ref_log_prob`` turns the reference pass on, without any KL term in loss or reward.
-3. moves the metrics an estimator records with :func:`record_step_metrics` into the step's metrics:
+1. registers every estimator of the table :data:`capo_verl.estimators.registry.ESTIMATORS` with verl's
+   ``register_adv_est``, through one wrapper (:func:`verl_estimator`) that takes verl's keywords plus ``batch=`` and
+   ``non_tensor_batch=`` and fills in the batch tensors the estimator declared (``batch_keys``);
+2. wraps ``compute_advantage`` so that, for those estimators, verl's generic estimator call also passes
+   ``batch=data.batch`` and ``non_tensor_batch=data.non_tensor_batch``: the call shape of verl's open PR #7473
+   ("pass non_tensor_batch to advantage estimators that can accept it"). Once verl passes them itself, that
+   branch of the wrapper is deleted and nothing else changes. Every other estimator runs verl's code, untouched;
+3. extends ``need_reference_policy`` (``verl/trainer/ppo/utils.py``) so that an estimator that needs
+   ``ref_log_prob`` turns the reference pass on, without any KL term in loss or reward;
+4. moves the metrics an estimator records with :func:`record_step_metrics` into the step's metrics:
    v1 trainer ``PPOTrainer._compute_advantage(batch, metrics)`` (``verl/trainer/ppo/v1/trainer_base.py``)
-   and the legacy trainer's ``compute_data_metrics`` call (``verl/trainer/ppo/ray_trainer.py``).
-4. logs the ``capo/*`` calibration metrics of the training batch for *every* estimator (GRPO, GSPO, ...),
+   and the legacy trainer's ``compute_data_metrics`` call (``verl/trainer/ppo/ray_trainer.py``);
+5. logs the ``capo/*`` calibration metrics of the training batch for *every* estimator (GRPO, GSPO, ...),
    computed from the batch after the estimator ran (:func:`batch_calibration_metrics`), without changing what
-   the estimator does: the paper's point is that GRPO's batch AUC-mean falls while CAPO's rises.
-5. passes the training step (verl's ``trainer.global_steps``, 1 for the first update, restored from the checkpoint on
-   resume) to estimators registered with ``needs_training_step=True``, as ``global_step=``: the v1 trainer's
+   the estimator does: the paper's point is that GRPO's batch AUC-mean falls while CAPO's rises;
+6. passes the training step (verl's ``trainer.global_steps``, 1 for the first update, restored from the checkpoint on
+   resume) to estimators declared with ``needs_training_step=True``, as ``global_step=``: the v1 trainer's
    ``PPOTrainer._compute_advantage`` reads it from the trainer; the legacy trainer from ``data.meta_info``.
 
-Which estimators are registered, and with which batch keys, is decided in :mod:`capo_verl.compat.methods`.
 The metrics queue itself (:func:`record_step_metrics`, :func:`pop_step_metrics`) lives in the pure
 :mod:`capo_verl.estimators.common`; it is re-exported here.
 """
@@ -30,95 +33,112 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
+import capo_verl.estimators  # noqa: F401  imports every estimator module, so each has declared itself
 from capo_verl.estimators.common import pop_step_metrics, queued_step_metrics, record_step_metrics
+from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, on_declare
 
 from .patching import after_import, patch
 
 __all__ = [
+    "ESTIMATORS",
     "batch_calibration_metrics",
+    "declared_spec",
     "estimator_needs_reference_policy",
     "install",
     "pop_step_metrics",
     "record_step_metrics",
-    "register_batch_aware_adv_est",
+    "verl_estimator",
 ]
 
 logger = logging.getLogger("capo_verl")
 
-# Batch tensors for the estimator that verl's compute_advantage is calling right now.
-_BATCH_EXTRAS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("capo_verl_batch_extras", default=None)
-# verl's trainer.global_steps of the v1 trainer step whose _compute_advantage is running, for needs_training_step.
+# verl's trainer.global_steps of the v1 trainer step whose _compute_advantage is running, for needs_training_step:
+# the v1 trainer builds the DataProto it hands to compute_advantage inside that method, without the step in meta_info.
 _TRAINING_STEP: contextvars.ContextVar[int | None] = contextvars.ContextVar("capo_verl_training_step", default=None)
-_logged_ref_reason = False
 _logged_no_calib: set[str] = set()
 
 
-def register_batch_aware_adv_est(
-    name: str,
-    batch_keys: Sequence[str],
-    needs_reference_policy: Callable[[object], bool] | None = None,
-    needs_training_step: bool = False,
-):
-    """Decorator: register ``fn`` with verl's ``register_adv_est(name)``, receiving extra batch tensors.
-
-    When verl's ``compute_advantage`` runs estimator ``name``, each key of ``batch_keys`` present in
-    ``data.batch`` is passed to ``fn`` as a keyword argument (absent keys are not passed; ``fn``
-    decides whether that is an error). ``fn`` itself is returned unchanged, so it can also be called
-    directly with explicit tensors.
-
-    Args:
-        name: the ``algorithm.adv_estimator`` value.
-        batch_keys: names in ``DataProto.batch`` to forward, e.g. ``("old_log_probs", "ref_log_prob")``.
-        needs_reference_policy: ``f(algorithm_config) -> bool``; when true verl computes
-            ``ref_log_prob`` (see :func:`_patch_need_reference_policy`).
-        needs_training_step: pass ``global_step=<int>``, verl's ``trainer.global_steps`` of the step being
-            trained (1-based; continues from the checkpoint's step after a resume), when verl's trainer provides it
-            (v1 trainer: always; legacy trainer: when ``data.meta_info`` has ``global_steps``); otherwise the
-            keyword is not passed and ``fn`` decides whether that is an error.
-
-    Registering the same ``fn`` under the same name again is a no-op.
+# --- 1. registration: one wrapper per declared estimator ---------------------------------------------------------
+def verl_estimator(spec: EstimatorSpec) -> Callable:
+    """The function verl's ``ADV_ESTIMATOR_REGISTRY`` holds for ``spec``: it takes verl's keywords
+    (``token_level_rewards``, ``response_mask``, ``index``, ``config``, ...) plus ``batch=`` (``data.batch``) and
+    ``non_tensor_batch=``, and calls ``spec.fn`` with verl's keywords, each of ``spec.batch_keys`` that ``batch`` holds
+    (an absent key is not passed; ``spec.fn`` decides whether that is an error) and, when ``spec.needs_training_step``,
+    ``global_step=`` (if the trainer gives it). ``__wrapped__`` is ``spec.fn``; ``spec`` is its ``spec`` attribute.
 
     Raises:
-        ValueError: from verl if another function is already registered under ``name``.
+        RuntimeError: (when called) without ``batch=``: outside verl's ``compute_advantage``, or capo-verl did not
+            install into verl in this process; the message says how to call ``spec.fn`` instead.
+    """
+
+    @functools.wraps(spec.fn)
+    def called_by_verl(*, batch=None, non_tensor_batch=None, global_step=None, **verl_kwargs):
+        if batch is None:
+            raise RuntimeError(_no_batch_message(spec))
+        present = set(batch.keys())
+        extras = {key: batch[key] for key in spec.batch_keys if key in present}
+        if spec.needs_training_step and global_step is not None:
+            extras["global_step"] = int(global_step)
+        return spec.fn(**verl_kwargs, **extras)
+
+    called_by_verl.spec = spec
+    return called_by_verl
+
+
+def _no_batch_message(spec: EstimatorSpec) -> str:
+    from .patching import INSTALL_ERROR as error
+
+    if error is not None:
+        return (
+            f"advantage estimator '{spec.name}' needs {list(spec.batch_keys)} from the batch, which verl 0.9.1 "
+            "passes only through capo-verl's compute_advantage patch, and capo-verl failed to install into verl in "
+            f"this process: {error}"
+        )
+    fn = spec.fn
+    keys = "".join(f", {k}=..." for k in spec.batch_keys)
+    return (
+        f"advantage estimator '{spec.name}' was called without batch=: the function registered with verl takes "
+        f"{list(spec.batch_keys)} from data.batch, which verl.trainer.ppo.ray_trainer.compute_advantage(data, "
+        "adv_estimator=...) passes (capo-verl wraps it); call that with a DataProto, or call "
+        f"{fn.__module__}.{fn.__name__}(token_level_rewards=..., response_mask=..., index=..., config=...{keys}) "
+        "with the tensors yourself"
+    )
+
+
+def declared_spec(adv_estimator) -> EstimatorSpec | None:
+    """The :class:`EstimatorSpec` of the estimator verl holds under ``adv_estimator`` (a name or verl's enum), or
+    None for verl's own estimators (and names verl does not know)."""
+    from verl.trainer.ppo import core_algos
+
+    return getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(_estimator_name(adv_estimator)), "spec", None)
+
+
+@patch("verl.trainer.ppo.core_algos", {"register_adv_est": ("name_or_enum",), "ADV_ESTIMATOR_REGISTRY": None})
+def _register_declared(core_algos) -> None:
+    """``verl/trainer/ppo/core_algos.py``: register every estimator of :data:`ESTIMATORS` with verl, now and as
+    each later one is declared (:func:`~capo_verl.estimators.registry.on_declare`)."""
+    on_declare(_register_with_verl)
+
+
+def _register_with_verl(spec: EstimatorSpec) -> None:
+    """``register_adv_est(spec.name)`` of :func:`verl_estimator` (a no-op when verl holds ``spec`` already).
+
+    Raises:
+        ValueError: from verl, when it holds another function under ``spec.name``.
     """
     from verl.trainer.ppo import core_algos
 
-    def decorator(fn):
-        if getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(name), "__wrapped__", None) is fn:
-            return fn
+    if getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(spec.name), "spec", None) is spec:
+        return
+    core_algos.register_adv_est(spec.name)(verl_estimator(spec))
 
-        @functools.wraps(fn)
-        def called_by_verl(**verl_kwargs):
-            extras = _BATCH_EXTRAS.get()
-            if extras is None:
-                from .patching import INSTALL_ERROR as error
 
-                if error is not None:
-                    raise RuntimeError(
-                        f"advantage estimator '{name}' needs {list(batch_keys)} from the batch, which verl 0.9.1 "
-                        "passes only through capo-verl's compute_advantage patch, and capo-verl failed to install "
-                        f"into verl in this process: {error}"
-                    )
-                raise RuntimeError(
-                    f"advantage estimator '{name}' was called outside verl's compute_advantage: the function "
-                    f"registered with verl receives {list(batch_keys)} from data.batch only inside "
-                    "verl.trainer.ppo.ray_trainer.compute_advantage(data, adv_estimator=...), which capo-verl "
-                    f"wraps; call that with a DataProto, or call {fn.__module__}.{fn.__name__}(token_level_rewards="
-                    f"..., response_mask=..., index=..., config=..., "
-                    + ", ".join(f"{k}=..." for k in batch_keys)
-                    + ") with the tensors yourself"
-                )
-            return fn(**verl_kwargs, **extras)
-
-        called_by_verl.batch_keys = tuple(batch_keys)
-        called_by_verl.needs_training_step = needs_training_step
-        called_by_verl.needs_reference_policy = needs_reference_policy
-        core_algos.register_adv_est(name)(called_by_verl)
-        return fn
-
-    return decorator
+def register_estimators() -> None:
+    """Register every declared estimator with verl's ``ADV_ESTIMATOR_REGISTRY``, right after verl executes
+    ``verl/trainer/ppo/core_algos.py`` (now, if it already has), and each one declared later. Idempotent."""
+    after_import("verl.trainer.ppo.core_algos", _register_declared)
 
 
 def _estimator_name(adv_estimator) -> str:
@@ -223,7 +243,39 @@ def watch_rewards(rewards) -> bool:
     return True
 
 
-# --- 1. compute_advantage: forward batch tensors to batch-aware estimators --------------------------------
+# --- 2. compute_advantage: the batch to capo-verl's estimators ----------------------------------------------------
+def _declared_advantage(data, spec: EstimatorSpec, config):
+    """verl 0.9.1's generic estimator call (the last branch of ``ray_trainer.compute_advantage``) with verl PR
+    #7473's ``batch=`` and ``non_tensor_batch=``, and the training step for an estimator that needs it. Delete this
+    when verl passes them itself."""
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.ray_trainer import compute_response_mask
+
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = compute_response_mask(data)
+    adv_kwargs = {
+        "token_level_rewards": data.batch["token_level_rewards"],
+        "response_mask": data.batch["response_mask"],
+        "config": config,
+        "batch": data.batch,
+        "non_tensor_batch": data.non_tensor_batch,
+    }
+    if "uid" in data.non_tensor_batch:
+        adv_kwargs["index"] = data.non_tensor_batch["uid"]
+    if "reward_baselines" in data.batch.keys():
+        adv_kwargs["reward_baselines"] = data.batch["reward_baselines"]
+    if spec.needs_training_step:
+        step = _TRAINING_STEP.get()
+        if step is None:
+            step = (getattr(data, "meta_info", None) or {}).get("global_steps")
+        if step is not None:
+            adv_kwargs["global_step"] = int(step)
+    advantages, returns = core_algos.get_adv_estimator_fn(spec.name)(**adv_kwargs)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
 @patch(
     "verl.trainer.ppo.ray_trainer",
     {
@@ -237,38 +289,24 @@ def watch_rewards(rewards) -> bool:
             "config",
         ),
         "compute_data_metrics": ("batch", "use_critic"),
+        "compute_response_mask": ("data",),
     },
 )
 def _patch_compute_advantage(ray_trainer) -> None:
     """verl/trainer/ppo/ray_trainer.py: wrap ``compute_advantage`` (also used by the v1 trainer, which
     imports it by name in verl/trainer/ppo/v1/utils.py after this patch is applied)."""
-    from verl.trainer.ppo import core_algos
-
     original = ray_trainer.compute_advantage
 
     bound = inspect.signature(original)
 
     @functools.wraps(original)
     def compute_advantage(data, adv_estimator, *args, **kwargs):
-        fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(_estimator_name(adv_estimator))
-        batch_keys = getattr(fn, "batch_keys", None)
-        if not batch_keys:  # every other estimator: verl's code path, untouched
+        config = bound.bind(data, adv_estimator, *args, **kwargs).arguments.get("config")
+        spec = declared_spec(adv_estimator)
+        if spec is None:  # verl's own estimators: verl's code path, untouched
             out = original(data, adv_estimator, *args, **kwargs)
         else:
-            present = set(data.batch.keys())
-            extras = {k: data.batch[k] for k in batch_keys if k in present}
-            if getattr(fn, "needs_training_step", False):
-                step = _TRAINING_STEP.get()
-                if step is None:
-                    step = (getattr(data, "meta_info", None) or {}).get("global_steps")
-                if step is not None:
-                    extras["global_step"] = int(step)
-            token = _BATCH_EXTRAS.set(extras)
-            try:
-                out = original(data, adv_estimator, *args, **kwargs)
-            finally:
-                _BATCH_EXTRAS.reset(token)
-        config = bound.bind(data, adv_estimator, *args, **kwargs).arguments.get("config")
+            out = _declared_advantage(data, spec, config)
         _record_batch_calibration(out, adv_estimator, config)
         watch_rewards(out.batch["token_level_rewards"].sum(-1).tolist())
         return out
@@ -288,44 +326,31 @@ def _patch_compute_advantage(ray_trainer) -> None:
     ray_trainer.compute_data_metrics = compute_data_metrics
 
 
-# --- 2. reference policy gate --------------------------------------------------------------------------------
+# --- 3. reference policy gate --------------------------------------------------------------------------------
 def estimator_needs_reference_policy(config) -> bool:
-    """True if ``config.algorithm.adv_estimator`` is batch-aware and asks for ``ref_log_prob``."""
-    from verl.trainer.ppo import core_algos
-
+    """True if ``config.algorithm.adv_estimator`` is one of capo-verl's and asks for ``ref_log_prob``
+    (its declared ``needs_reference_policy``)."""
     algorithm = config.algorithm
-    fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(_estimator_name(algorithm.adv_estimator))
-    needs = getattr(fn, "needs_reference_policy", None)
+    spec = declared_spec(algorithm.adv_estimator)
+    needs = spec and spec.needs_reference_policy
     return bool(needs and needs(algorithm))
 
 
 @patch("verl.trainer.ppo.utils", {"need_reference_policy": ("config",)})
 def _patch_need_reference_policy(utils) -> None:
     """verl/trainer/ppo/utils.py: ``need_reference_policy`` is ``use_kl_in_reward or use_kl_loss``; add the
-    estimator's own need. Applied before main_ppo.py, ray_trainer.py and v1/trainer_base.py import it."""
+    estimator's own need. Applied before main_ppo.py, ray_trainer.py and v1/trainer_base.py import it. The start
+    block says why the pass is on (:func:`capo_verl.compat.start_report.start_report`)."""
     original = utils.need_reference_policy
 
     @functools.wraps(original)
     def need_reference_policy(config) -> bool:
-        global _logged_ref_reason
-        if original(config):
-            return True
-        if not estimator_needs_reference_policy(config):
-            return False
-        if not _logged_ref_reason:
-            _logged_ref_reason = True
-            logger.warning(
-                "capo-verl: reference model on because algorithm.adv_estimator=%s with algorithm.capo.use_mask=true "
-                "needs ref_log_prob for the reference-PPL noise mask (paper Eqs. 16-18); no KL term is added "
-                "(use_kl_loss and use_kl_in_reward stay false)",
-                _estimator_name(config.algorithm.adv_estimator),
-            )
-        return True
+        return original(config) or estimator_needs_reference_policy(config)
 
     utils.need_reference_policy = need_reference_policy
 
 
-# --- 3. estimator metrics into the v1 trainer's step metrics ------------------------------------------------
+# --- 4. estimator metrics into the v1 trainer's step metrics ------------------------------------------------
 @patch("verl.trainer.ppo.v1.trainer_base", {"PPOTrainer._compute_advantage": ("self", "batch", "metrics")})
 def _patch_v1_trainer(trainer_base) -> None:
     """verl/trainer/ppo/v1/trainer_base.py: around ``PPOTrainer._compute_advantage(batch, metrics)``, expose the

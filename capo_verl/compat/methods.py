@@ -1,45 +1,44 @@
-"""The one place where capo-verl's methods are made known to verl: estimator registration and the config check.
+"""The methods' config check in verl's ``validate_config``.
 
-1. **Registration** (:func:`register_estimators`): every advantage estimator of :mod:`capo_verl.estimators` is
-   registered with verl's ``core_algos.register_adv_est`` under its ``algorithm.adv_estimator`` name, through
-   :func:`capo_verl.compat.advantage.register_batch_aware_adv_est` (which forwards its batch keys from
-   ``data.batch``). Each estimator declares its name, batch keys, config section and needs next to its function
-   (:func:`capo_verl.estimators.registry.register_estimator`); :data:`ESTIMATORS` is what they declared.
-2. **Config check** (:func:`check_method_configs`): verl's ``validate_config`` (``verl/utils/config.py``; called by
-   ``verl.trainer.main_ppo.main`` and ``main_ppo_v0`` before Ray starts and before any model loads, and by the
-   repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook for every method:
+Each estimator declares its name, batch keys, config section and needs next to its function
+(:func:`capo_verl.estimators.registry.register_estimator`); :data:`ESTIMATORS` is that table, registered with verl by
+:func:`capo_verl.compat.advantage.register_estimators`.
 
-   - ``algorithm.capo.*`` (read by ``capo`` and ``grpo_mask``), ``algorithm.codapo.*``, ``algorithm.cde.*``: parsed
-     by :class:`~capo_verl.estimators.CapoConfig`, :class:`~capo_verl.estimators.CodapoConfig`,
-     :class:`~capo_verl.estimators.CdeConfig` whenever the section is present or the selected estimator reads it
-     (unknown keys, wrong types, out-of-range values, CoDaPO's resampling keys (``compat/codapo_sampling.py``));
-   - ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
-     step to the advantage step, so the schedule would fail at the first update (after rollouts);
-   - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
-     (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
-   - values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
-     calls, so that the two cannot disagree: ``trainer.val_calib`` (first validation pass;
-     :func:`capo_verl.compat.validation.parse_val_calib`), ``reward.custom_reward_function.reward_kwargs.timeout_s``
-     when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`; any other
-     ``reward_kwargs`` key, which ``compute_score`` would ignore, is refused), the environment
-     variable ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`).
-     The launcher's environment is what Ray hands to its workers, so checking it there checks theirs. (On a host
-     without an accelerator the CPU port's hook runs before these:
-     :func:`capo_verl.cpu.defaults._patch_validate_config`.)
+**Config check** (:func:`check_method_configs`): verl's ``validate_config`` (``verl/utils/config.py``; called by
+``verl.trainer.main_ppo.main`` and ``main_ppo_v0`` before Ray starts and before any model loads, and by the
+repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook for every method:
 
-   - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
-     estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
-     ``ref_high`` with the mask on (:func:`check_mask_thresholds`);
-   - the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
-     steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
+- ``algorithm.capo.*`` (read by ``capo`` and ``grpo_mask``), ``algorithm.codapo.*``, ``algorithm.cde.*``: parsed
+  by :class:`~capo_verl.estimators.CapoConfig`, :class:`~capo_verl.estimators.CodapoConfig`,
+  :class:`~capo_verl.estimators.CdeConfig` whenever the section is present or the selected estimator reads it
+  (unknown keys, wrong types, out-of-range values, CoDaPO's resampling keys (``compat/codapo_sampling.py``));
+- ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
+  step to the advantage step, so the schedule would fail at the first update (after rollouts);
+- ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
+  (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
+- values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
+  calls, so that the two cannot disagree: ``trainer.val_calib`` (first validation pass;
+  :func:`capo_verl.compat.validation.parse_val_calib`), ``reward.custom_reward_function.reward_kwargs.timeout_s``
+  when the reward is capo-verl's (first reward call; :func:`capo_verl.reward.check_timeout`; any other
+  ``reward_kwargs`` key, which ``compute_score`` would ignore, is refused), the environment
+  variable ``CAPO_REWARD_PROCS`` (first math-verify call; :func:`capo_verl.reward.reward_procs`).
+  The launcher's environment is what Ray hands to its workers, so checking it there checks theirs. (On a host
+  without an accelerator the CPU port's hook runs before these:
+  :func:`capo_verl.cpu.defaults._patch_validate_config`.)
 
-   Every refusal is one ValueError line naming the key, the value, what is allowed and a fix that works when
-   appended to the command line. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
-   trainer whatever ``trainer.use_v1`` says; the check cannot see that.
+- ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
+  estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
+  ``ref_high`` with the mask on (:func:`check_mask_thresholds`);
+- the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
+  steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
+
+Every refusal is one ValueError line naming the key, the value, what is allowed and a fix that works when
+appended to the command line. ``python -m verl.trainer.main_ppo_v0`` runs the legacy
+trainer whatever ``trainer.use_v1`` says; the check cannot see that.
 
 :func:`capo_verl.compat.install` (called by :mod:`capo_verl.plugin`, the ``verl.plugins`` entry point loaded at every
-``import verl``) calls :func:`hook_validate_config`, and the entry point calls :func:`register_estimators` in any
-case; both apply their patch right after verl executes the module concerned (:func:`capo_verl.compat.after_import`).
+``import verl``) calls :func:`hook_validate_config`, which applies its patch right after verl executes
+``verl/utils/config.py`` (:func:`capo_verl.compat.after_import`).
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ from capo_verl import reward as capo_reward
 from capo_verl.estimators.capo import CapoConfig
 from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
 
-from .advantage import register_batch_aware_adv_est
 from .codapo_sampling import check_resample_setup, resample_config
 from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
@@ -72,27 +70,8 @@ __all__ = [
     "check_method_configs",
     "check_start_values",
     "hook_validate_config",
-    "register_estimators",
     "registered_estimators",
 ]
-
-
-@patch("verl.trainer.ppo.core_algos", {"register_adv_est": ("name_or_enum",), "ADV_ESTIMATOR_REGISTRY": None})
-def _register_all(core_algos) -> None:
-    """``verl/trainer/ppo/core_algos.py``: register every declared estimator (:data:`ESTIMATORS`) with verl."""
-    for name, spec in ESTIMATORS.items():
-        register_batch_aware_adv_est(
-            name,
-            batch_keys=spec.batch_keys,
-            needs_reference_policy=spec.needs_reference_policy,
-            needs_training_step=spec.needs_training_step,
-        )(spec.fn)
-
-
-def register_estimators() -> None:
-    """Register every estimator of :data:`ESTIMATORS` with verl's ``ADV_ESTIMATOR_REGISTRY``, right after verl
-    executes ``verl/trainer/ppo/core_algos.py`` (now, if it already has). Idempotent."""
-    after_import("verl.trainer.ppo.core_algos", _register_all)
 
 
 def _get(node, key: str):
@@ -160,7 +139,7 @@ _GROUP_SIZES = (4, 8, 2, 16, 3, 5, 6, 7, 12, 32)
 
 def registered_estimators() -> list[str]:
     """The names ``algorithm.adv_estimator`` takes: verl 0.9.1's ``ADV_ESTIMATOR_REGISTRY`` (with capo-verl's)."""
-    from verl.trainer.ppo import core_algos  # registers capo-verl's estimators too (register_estimators)
+    from verl.trainer.ppo import core_algos  # registers capo-verl's estimators too (advantage.register_estimators)
 
     return sorted(core_algos.ADV_ESTIMATOR_REGISTRY)
 

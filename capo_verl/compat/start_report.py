@@ -72,6 +72,22 @@ def kl_lines(config, name: str) -> list[str]:
     return [loss, reward]
 
 
+def _reference_line(config, name: str, use_reference_policy: bool) -> str:
+    if not use_reference_policy:
+        return "reference pass: off (no KL term, and the estimator needs no ref_log_prob)"
+    from .advantage import estimator_needs_reference_policy
+
+    why = []
+    if select(config, "actor_rollout_ref.actor.use_kl_loss") is True or select(config, "algorithm.use_kl_in_reward") is True:
+        why.append("for the KL term")
+    if estimator_needs_reference_policy(config):
+        why.append(
+            f"for the estimator: algorithm.adv_estimator={name} with algorithm.capo.use_mask=true needs ref_log_prob "
+            "for the reference-PPL noise mask (paper Eqs. 16-18), without a KL term"
+        )
+    return f"reference pass: on, ref_log_prob each step ({'; '.join(why) or 'verl asked for it'})"
+
+
 def _val_calib_line(config) -> str:
     if select(config, "data.val_files") in (MISSING, None, ""):
         return "val-calib: off (no data.val_files: no validation)"
@@ -102,13 +118,11 @@ def start_report(config, use_reference_policy: bool) -> str:
     Raises nothing for a config that passed the start checks.
     """
     name = format_value(select(config, "algorithm.adv_estimator"))
-    reference = "on" if use_reference_policy else "off"
     lines = [
         "capo-verl: what this run will do",
         _estimator_line(config, name),
         *kl_lines(config, name),
-        f"reference pass: {reference} (ref_log_prob computed each step: verl's need_reference_policy with "
-        "capo-verl's estimators' needs)",
+        _reference_line(config, name, use_reference_policy),
         _val_calib_line(config),
         _dtype_line(config),
     ]

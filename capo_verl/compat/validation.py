@@ -30,7 +30,7 @@ chosen by ``trainer.val_calib`` (:func:`val_calib_mode`):
   colocated reward model that scores outside the agent loop) they are skipped with one
   warning (``capo_verl`` logger) per process, i.e. per run, and the run goes on as without capo-verl. The same
   holds for any error computing them. If ``algorithm.adv_estimator`` is one of capo-verl's estimators (capo,
-  grpo_mask, codapo, cde: those registered with :func:`capo_verl.compat.advantage.register_batch_aware_adv_est`),
+  grpo_mask, codapo, cde: those declared with :func:`capo_verl.estimators.registry.register_estimator`),
   auto means required.
 - ``true``: required. A validation pass in which no response has ``lpm`` raises RuntimeError naming the fix.
 - ``false``: off; verl's metrics only.
@@ -165,16 +165,12 @@ def carries_lpm(reward_extra_infos_dict) -> bool:
 
 
 def is_capo_verl_estimator(name) -> bool:
-    """True if verl's ``algorithm.adv_estimator`` ``name`` is one of capo-verl's estimators.
+    """True if verl's ``algorithm.adv_estimator`` ``name`` is one of capo-verl's declared estimators (capo,
+    grpo_mask, codapo, cde, and any other declared with :func:`capo_verl.estimators.registry.register_estimator`):
+    verl holds it through :func:`capo_verl.compat.advantage.verl_estimator`."""
+    from .advantage import declared_spec
 
-    capo-verl registers its estimators (capo, grpo_mask, codapo, cde) with
-    :func:`capo_verl.compat.advantage.register_batch_aware_adv_est`, which marks the function verl holds in
-    ``ADV_ESTIMATOR_REGISTRY`` with ``batch_keys``; verl's own estimators have no such mark.
-    """
-    from verl.trainer.ppo import core_algos
-
-    fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(getattr(name, "value", name))
-    return fn is not None and hasattr(fn, "batch_keys")
+    return declared_spec(name) is not None
 
 
 def parse_val_calib(value) -> bool | None:

@@ -1,12 +1,18 @@
-"""Where each estimator declares how verl calls it, next to its function, in the spirit of verl's
+"""The one table of capo-verl's estimators, each declared next to its function, in the spirit of verl's
 ``@register_adv_est`` (``verl/trainer/ppo/core_algos.py``).
 
 An estimator module decorates its ``compute_<name>_outcome_advantage`` with :func:`register_estimator`, which records
-an :class:`EstimatorSpec` in :data:`ESTIMATORS` and returns the function unchanged. Nothing here imports verl:
-:mod:`capo_verl.compat.methods` reads :data:`ESTIMATORS` and registers each one with verl's ``register_adv_est``
-(forwarding the declared batch tensors, turning on the reference pass, passing the training step), and checks each
-declared ``algorithm.<section>`` in verl's ``validate_config``. Adding an estimator is one decorated function in one
-module, imported by :mod:`capo_verl.estimators`.
+an :class:`EstimatorSpec` in :data:`ESTIMATORS` and returns the function unchanged. Nothing here imports verl: the
+verl glue (:mod:`capo_verl.compat.advantage`) subscribes with :func:`on_declare` and registers each declared estimator
+with verl's ``register_adv_est``, through one wrapper that fills in the declared batch keys; its config section is
+checked in verl's ``validate_config`` (:mod:`capo_verl.compat.methods`). Adding an estimator is one decorated
+function, in a module of :mod:`capo_verl.estimators` or in any module imported in every process of the run
+(verl's ``VERL_USE_EXTERNAL_MODULES=<module>``), declared before or after verl is imported::
+
+    @register_estimator("my_adv", batch_keys=("old_log_probs",), section="my_adv", config_class=MyConfig)
+    def compute_my_adv(token_level_rewards, response_mask, index=None, config=None, old_log_probs=None, **kwargs):
+        ...
+        return advantages, returns  # (bs, response_length) each
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ESTIMATORS", "EstimatorSpec", "config_sections", "register_estimator"]
+__all__ = ["ESTIMATORS", "EstimatorSpec", "config_sections", "on_declare", "register_estimator"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +29,9 @@ class EstimatorSpec:
 
     Attributes:
         name: the ``algorithm.adv_estimator`` value.
-        fn: the estimator, with verl's signature ``fn(token_level_rewards, response_mask, index, config, **batch)``.
+        fn: the estimator, called as ``fn(token_level_rewards=, response_mask=, index=, config=, **batch_keys)``
+            (verl's keywords, then each declared ``data.batch`` tensor that the batch has); it takes ``**kwargs``, as
+            verl's own estimators do, for keywords a later verl adds.
         batch_keys: ``data.batch`` tensors passed to ``fn`` as keywords when present.
         section: the ``algorithm.<section>`` it reads.
         config_class: the frozen dataclass that parses that section (``from_algorithm_config(algorithm)``).
@@ -43,6 +51,18 @@ class EstimatorSpec:
 #: ``algorithm.adv_estimator`` name -> how verl calls it; filled by :func:`register_estimator` when the estimator
 #: modules are imported (``import capo_verl.estimators`` imports them all).
 ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+#: called with each :class:`EstimatorSpec` as it is declared (:func:`on_declare`)
+_listeners: list[Callable[[EstimatorSpec], None]] = []
+
+
+def on_declare(listener: Callable[[EstimatorSpec], None]) -> None:
+    """Call ``listener(spec)`` for every estimator declared so far and for each one declared later (once per
+    listener, however often this is called with it)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+    for spec in list(ESTIMATORS.values()):
+        listener(spec)
 
 
 def register_estimator(
@@ -66,7 +86,7 @@ def register_estimator(
 
     Raises:
         ValueError: ``name`` is already declared by another function, or ``section`` is already parsed by another
-            class.
+            class; once verl is imported, also verl's, when verl holds another function under ``name``.
     """
 
     def decorator(fn):
@@ -80,6 +100,12 @@ def register_estimator(
         if other is not config_class:
             raise ValueError(f"algorithm.{section} is already parsed by {other.__name__}, not {config_class.__name__}")
         ESTIMATORS[name] = spec
+        try:
+            for listener in list(_listeners):
+                listener(spec)
+        except Exception:  # e.g. verl holds another function under this name: the declaration did not happen
+            del ESTIMATORS[name]
+            raise
         return fn
 
     return decorator
