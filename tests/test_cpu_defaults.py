@@ -135,18 +135,61 @@ def test_val_calib_true_with_verls_validation_is_refused_and_the_fix_works_paste
     assert str(info.value).startswith("actor_rollout_ref.rollout.val_kwargs.do_sample=false: ")
 
 
-def test_known_harmless_warnings_are_one_line_with_a_count_and_others_still_print(caplog):
-    import warnings
+def test_known_harmless_warnings_are_counted_in_the_run_and_others_still_print(tmp_path, monkeypatch, capsys):
+    """A known log record or Python warning is counted in the run's ledger, not printed; an unknown one on the same
+    logger prints; the owner's one line sums them, most frequent first."""
+    from capo_verl.cpu import quiet, shm
+
+    ledger = str(tmp_path / "run.shm")
+    monkeypatch.setenv(shm.RUN_ENV, ledger)
+    quiet.install_filters()
+    worker = logging.getLogger("vllm.v1.worker.cpu_worker")  # vLLM's CPU worker, as it logs
+    handler = logging.StreamHandler()
+    worker.addHandler(handler)
+    try:
+        for _ in range(3):
+            worker.warning("sleep mode is not supported on CPU, ignore it.")
+        worker.warning("libtcmalloc is not found in LD_PRELOAD. For best performance, please follow ...")
+        worker.warning("something else went wrong")
+    finally:
+        worker.removeHandler(handler)
+    # verl's rollout logs under its file's name (logging.getLogger(__file__))
+    [_, by_file] = quiet.logger_names("verl.workers.rollout.vllm_rollout.vllm_rollout")
+    logging.getLogger(by_file).warning("IPC is not supported on your devices. Falling back to shared memory ...")
+    shown = []
+    showwarning = quiet._showwarning(lambda message, *args: shown.append(str(message)))
+    for name in ("torchtitan", "veomni"):
+        showwarning(UserWarning(f"{name} engine is not available: ModuleNotFoundError('{name}')"), UserWarning, "x", 1)
+    showwarning(UserWarning("another warning"), UserWarning, "x", 1)
+    assert capsys.readouterr().err.splitlines() == ["something else went wrong"]
+    assert shown == ["another warning"]
+    counts = shm.recorded_quiet(ledger)
+    assert sorted(counts.values()) == [1, 1, 2, 3] and shm.recorded(ledger) == []  # no segment paths among them
+    line = shm.not_shown_line(counts)
+    assert line.startswith("7 warnings known to be harmless on a CPU not shown: 3 x vLLM's CPU worker has no sleep")
+    assert line.index("2 x a training engine") < line.index("1 x vLLM's CPU worker suggests")
+
+
+def test_every_known_warning_names_a_logger_that_exists():
+    """Each logger of quiet.KNOWN_RECORDS is a module of the installed verl, vLLM, Ray or transformers (a filter on
+    a logger nobody uses would drop nothing), whose source still holds the message."""
+    import importlib.util
+    import re
 
     from capo_verl.cpu import quiet
 
-    caplog.set_level(logging.INFO, logger="capo_verl.cpu.quiet")
-    with warnings.catch_warnings(record=True) as shown:
-        warnings.simplefilter("always")
-        with quiet._sorted_warnings():
-            for name in ("torchtitan", "veomni", "megatron"):
-                warnings.warn(f"{name} engine is not available: ModuleNotFoundError('{name}')", stacklevel=1)
-            warnings.warn("something else went wrong", stacklevel=1)
-    assert [str(w.message) for w in shown] == ["something else went wrong"]
-    [line] = [r.getMessage() for r in caplog.records if r.name == "capo_verl.cpu.quiet"]
-    assert line.startswith("3 warnings known to be harmless on a CPU not shown (3 x ")
+    for name, pattern, _ in quiet.KNOWN_RECORDS:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin, name
+        source = Path(spec.origin).read_text()
+        literal = re.sub(r"\\(.)", r"\1", pattern.lstrip("^"))
+        assert literal[:24] in source, (name, literal)
+
+
+def test_docs_list_every_reason_a_warning_is_not_shown():
+    from capo_verl.cpu import quiet
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cpu.md").read_text()
+    listed = text.split("<!-- quiet reasons -->\n", 1)[1].split("<!-- /quiet reasons -->", 1)[0]
+    reasons = [why for _, _, why in quiet.KNOWN_RECORDS] + [why for _, why in quiet.KNOWN_WARNINGS]
+    assert listed.splitlines() == [f"- {why}" for why in dict.fromkeys(reasons)]

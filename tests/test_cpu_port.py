@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
+import capo_verl.cpu
 from capo_verl.compat import host
-from capo_verl.cpu import shm
+from capo_verl.cpu import quiet, shm
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -21,7 +22,7 @@ def test_every_entry_point_of_pyproject_names_an_existing_function_or_module():
     targets = [*project["scripts"].values()]
     for group in project["entry-points"].values():
         targets += group.values()
-    assert "capo_verl.cpu.shm:vllm_plugin" in targets and "capo_verl.plugin" in targets
+    assert "capo_verl.cpu:vllm_plugin" in targets and "capo_verl.plugin" in targets
     for target in targets:
         module, _, attr = target.partition(":")
         if module == "capo_verl.plugin":  # importing it installs into verl: its presence is enough here
@@ -35,18 +36,19 @@ def test_every_entry_point_of_pyproject_names_an_existing_function_or_module():
     ("accelerator", "verl_platform", "records"),
     [(None, None, True), ("cuda", None, False), ("cuda", "cpu", True), (None, "nvidia", False)],
 )
-def test_vllms_plugin_records_segments_only_where_the_cpu_port_is_installed(
+def test_vllms_plugin_records_segments_and_quiets_only_where_the_cpu_port_is_installed(
     monkeypatch, accelerator, verl_platform, records
 ):
     calls = []
     monkeypatch.setattr(host, "torch_accelerator", lambda: accelerator)
     monkeypatch.setattr(shm, "record_created", lambda: calls.append(1))
+    monkeypatch.setattr(quiet, "install_filters", lambda: calls.append(2))
     if verl_platform is None:
         monkeypatch.delenv("VERL_PLATFORM", raising=False)
     else:
         monkeypatch.setenv("VERL_PLATFORM", verl_platform)
-    shm.vllm_plugin()
-    assert calls == ([1] if records else [])
+    capo_verl.cpu.vllm_plugin()
+    assert calls == ([1, 2] if records else [])
 
 
 def test_the_tiny_model_has_the_parameters_its_module_docstring_states(tmp_path):

@@ -78,7 +78,10 @@ def _reference_line(config, name: str, use_reference_policy: bool) -> str:
     from .advantage import estimator_needs_reference_policy
 
     why = []
-    if select(config, "actor_rollout_ref.actor.use_kl_loss") is True or select(config, "algorithm.use_kl_in_reward") is True:
+    if (
+        select(config, "actor_rollout_ref.actor.use_kl_loss") is True
+        or select(config, "algorithm.use_kl_in_reward") is True
+    ):
         why.append("for the KL term")
     if estimator_needs_reference_policy(config):
         why.append(

