@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -562,6 +563,31 @@ def _run_program(cmd: list[str], cwd, env: dict[str, str] | None, timeout: float
         proc.communicate()
         pytest.fail(f"{cmd} ran past {timeout} s: it should have stopped before its work")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+#: lines of a training log that say why a run failed
+_ERROR_LINE = re.compile(r"Traceback|Error|error:|Killed|killed|OOM|out of memory|memory monitor|SIGKILL|exited with")
+
+
+def _failure_excerpt(proc: subprocess.CompletedProcess, logs=(), lines: int = 40) -> str:
+    """Why a training command failed, for an assertion message: the last ``lines`` lines of its output and of each
+    log in ``logs`` (paths) that look like an error (:data:`_ERROR_LINE`), then the tail of its stderr."""
+    parts = [f"exit {proc.returncode}"]
+    for name, text in [("stdout", proc.stdout or ""), ("stderr", proc.stderr or "")] + [
+        (str(path), Path(path).read_text(errors="replace")) for path in logs
+    ]:
+        found = [line for line in text.splitlines() if _ERROR_LINE.search(line)][-lines:]
+        if found:
+            parts.append(f"--- {name}: lines that look like an error ---\n" + "\n".join(found))
+    parts.append("--- stderr tail ---\n" + (proc.stderr or "")[-1500:])
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="session")
+def failure_excerpt():
+    """``failure_excerpt(proc, logs=(), lines=40) -> str``: why a training command failed, for an assertion message:
+    the lines of its output and of each log in ``logs`` (paths) that look like an error, then its stderr's tail."""
+    return _failure_excerpt
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from capo_verl.evaluation.teacher_forced import read_pool
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
-def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
+def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path, failure_excerpt):
     out = tmp_path / "cmp"
     cmd = [
         sys.executable, "-m", "capo_verl.compare",
@@ -55,7 +55,7 @@ def test_compare_two_seeds_pairs_the_methods_by_seed(e2e_inputs, tmp_path):
         "algorithm.capo.ref_low=4.0",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2200, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0, failure_excerpt(proc, sorted(out.rglob("train.log")))
 
     pool = read_pool(out / "teacher_forced" / "pool.jsonl")
     assert len(pool) == 16 * 2 and all(r["token_ids"] for r in pool)

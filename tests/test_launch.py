@@ -46,9 +46,16 @@ def _alive(pid: int) -> bool:
 
 
 def _ledger_of(pid: int) -> str:
-    """The run ledger a process inherited (from its environment)."""
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    """The run ledger a process inherited (from its environment, read from ``/proc``; again for up to 5 s while the
+    kernel shows none of it, as a process that has just started may)."""
+    deadline = time.monotonic() + 5
+    while True:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        if shm.RUN_ENV.encode() in env or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert shm.RUN_ENV.encode() in env, (pid, _alive(pid), sorted(key.decode() for key in env))
     return env[shm.RUN_ENV.encode()].decode()
 
 
