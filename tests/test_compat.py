@@ -75,6 +75,7 @@ PATCHED_MODULES = {
     "capo_verl.cpu.platform._register_platform": "verl.plugin.platform",
     "capo_verl.cpu.defaults._patch_validate_config": "verl.utils.config",
     "capo_verl.cpu.quiet._skip_numa_affinity": "verl.utils.distributed",
+    "capo_verl.cpu.ray_wait._watch_run_ppo": "verl.trainer.main_ppo",
     "capo_verl.cpu.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
     "capo_verl.cpu.shm._record_shared_memory": "multiprocessing.shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
@@ -88,7 +89,7 @@ PATCHED_MODULES = {
 
 def test_every_patch_is_declared_with_the_module_it_changes():
     from capo_verl.compat import advantage, codapo_sampling, methods, run_summary, simko, validation  # noqa: F401
-    from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401
+    from capo_verl.cpu import defaults, platform, quiet, ray_wait, shm, vllm_cpu  # noqa: F401
 
     assert {name: patch.module for name, patch in compat.PATCHES.items()} == PATCHED_MODULES
     for patch in compat.PATCHES.values():

@@ -51,6 +51,7 @@ CPU_PORT_PATCHES = [
     "capo_verl.cpu.platform._patch_replay_buffer",
     "capo_verl.cpu.platform._register_platform",
     "capo_verl.cpu.quiet._skip_numa_affinity",
+    "capo_verl.cpu.ray_wait._watch_run_ppo",
     "capo_verl.cpu.shm._record_loky_semaphores",
     "capo_verl.cpu.shm._record_shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets",
@@ -165,7 +166,7 @@ def test_census_with_verl_platform_nvidia_leaves_the_cpu_port_out_on_a_host_with
 def test_census_lists_name_the_declared_patches_of_each_room():
     from capo_verl import compat
     from capo_verl.compat import advantage, codapo_sampling, methods, simko, validation  # noqa: F401  declare theirs
-    from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401  declare the CPU port's
+    from capo_verl.cpu import defaults, platform, quiet, ray_wait, shm, vllm_cpu  # noqa: F401  declare the CPU port's
 
     declared = set(compat.PATCHES) - {"capo_verl.compat._refuse_validate_config"}  # only after a failed install
     assert set(METHOD_PATCHES) | set(CPU_PORT_PATCHES) | set(VLLM_CPU_PATCHES) == declared
