@@ -29,6 +29,12 @@ def one_error(capsys, prog: str, kind: str = "error") -> str:
     return lines[0].removeprefix(f"{prog}: {kind}: ")
 
 
+def names(message: str, *parts: str) -> bool:
+    """Whether ``message`` names each of ``parts`` (an option, a value, a file, a fix): what a refusal test asserts,
+    leaving the sentence around them free to change."""
+    return all(part in message for part in parts)
+
+
 # ------------------------------------------------------------------------------------------------------- the helper
 
 
@@ -61,16 +67,16 @@ def test_the_helper_maps_what_a_run_raises_to_one_line_and_a_status(capsys):
     with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
         commands.main(parser, raising(ZeroDivisionError()), [])
     assert commands.main(parser, lambda args: 0, ["--n", "0"]) == 2
-    assert one_error(capsys, "capo-verl toy") == "argument --n: must be >= 1, got 0"
+    assert names(one_error(capsys, "capo-verl toy"), "--n", ">= 1", "0")
     assert commands.main(parser, lambda args: 0, ["extra"]) == 2
-    assert one_error(capsys, "capo-verl toy") == "unrecognized arguments: extra"
+    assert names(one_error(capsys, "capo-verl toy"), "extra")
     assert commands.main(parser, lambda args: 1, ["--help"]) == 0
     assert "a toy command" in capsys.readouterr().out
 
 
 def test_a_shared_option_with_another_default_must_say_why():
     p = argparse.ArgumentParser()
-    with pytest.raises(TypeError, match="--dtype: default 'float32' differs from the shared 'auto'; say why"):
+    with pytest.raises(TypeError, match=r"--dtype.*'float32'.*'auto'"):
         commands.add_option(p, "--dtype", default="float32")
     action = commands.add_option(p, "--dtype", default="float32", why="a reason")
     assert action.default == "float32" and action.help.endswith("(default float32: a reason)")
@@ -83,17 +89,17 @@ def test_outputs_are_checked_without_leaving_anything_behind(tmp_path):
     assert commands.check_out_file(deep / "x.json", suffix=".json") == deep / "x.json"
     assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
     (tmp_path / "f").write_text("mine")
-    with pytest.raises(commands.UsageError, match=r"--out .*/f is a file, not a folder"):
+    with pytest.raises(commands.UsageError, match=r"--out .*/f\b.*file"):
         commands.check_out_dir(tmp_path / "f")
-    with pytest.raises(commands.UsageError, match=r"--out .*/f/x lies under .*/f, which is a file"):
+    with pytest.raises(commands.UsageError, match=r"--out .*/f/x\b.*/f\b.*file"):
         commands.check_out_dir(tmp_path / "f" / "x")
-    with pytest.raises(commands.UsageError, match=r"--out .*/f/x.json: its folder .*/f is a file, not a folder"):
+    with pytest.raises(commands.UsageError, match=r"--out .*/f/x\.json\b.*/f\b.*file"):
         commands.check_out_file(tmp_path / "f" / "x.json")
-    with pytest.raises(commands.UsageError, match=r"--out .*/f exists; remove it, pass --overwrite"):
+    with pytest.raises(commands.UsageError, match=r"--out .*/f\b.*exists.*--overwrite"):
         commands.check_out_file(tmp_path / "f", overwrite=False)
-    with pytest.raises(commands.UsageError, match=r"--out .*/y.txt: expected a .json file name"):
+    with pytest.raises(commands.UsageError, match=r"--out .*/y\.txt\b.*\.json"):
         commands.check_out_file(tmp_path / "y.txt", suffix=".json")
-    with pytest.raises(commands.UsageError, match="--cache-dir /proc/capo_x cannot be created or written"):
+    with pytest.raises(commands.UsageError, match=r"--cache-dir /proc/capo_x\b"):
         commands.check_out_dir("/proc/capo_x", "--cache-dir")
     assert (tmp_path / "f").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
@@ -130,10 +136,7 @@ def test_every_shared_option_has_the_shared_default_or_says_why():
 
 def test_capo_verl_names_an_unknown_command(capsys):
     assert cli.main(["nosuch"]) == 2
-    assert one_error(capsys, "capo-verl") == (
-        "unknown command 'nosuch'; choose from prepare-data, eval, compare, mask-thresholds, smollm2, demo "
-        "(capo-verl --help)"
-    )
+    assert names(one_error(capsys, "capo-verl"), "'nosuch'", *cli.COMMANDS, "capo-verl --help")
 
 
 def test_capo_verl_help_lists_every_command_with_a_space_before_its_help(capsys):
@@ -148,7 +151,7 @@ def test_capo_verl_help_lists_every_command_with_a_space_before_its_help(capsys)
 @pytest.mark.parametrize("tau", ["-1", "0", "inf", "nan", "1e-45", "x"])
 def test_demo_refuses_a_tau_capo_cannot_use(tau, capsys):
     assert demo.main(["--tau", tau]) == 2
-    assert one_error(capsys, "capo-verl demo").startswith(f"argument --tau: {tau!r}: give a number > 0")
+    assert names(one_error(capsys, "capo-verl demo"), "--tau", repr(tau), "> 0")
 
 
 def test_prepare_data_refusals_write_nothing(tmp_path, capsys):
@@ -157,19 +160,19 @@ def test_prepare_data_refusals_write_nothing(tmp_path, capsys):
     cases = [
         (
             ["--out-dir", str(afile), "--no-train", "--benchmarks", "aime24"],
-            f"--out-dir {afile} is a file, not a folder",
+            ["--out-dir", str(afile), "file"],
         ),
         (
             ["--out-dir", str(tmp_path / "o"), "--no-train", "--no-benchmarks"],
-            "nothing to write: --no-train and no benchmark (--no-benchmarks or an empty --benchmarks); drop one",
+            ["--no-train", "--no-benchmarks", "--benchmarks"],
         ),
-        (["--out-dir", str(tmp_path / "o"), "--train-size", "0"], "argument --train-size: must be >= 1, got 0"),
-        (["--out-dir", str(tmp_path / "o"), "--val-size", "-3"], "argument --val-size: must be >= 1, got -3"),
-        (["--out-dir", str(tmp_path / "o"), "--no-train", "--benchmarks", "nope"], "unknown benchmark(s) ['nope']"),
+        (["--out-dir", str(tmp_path / "o"), "--train-size", "0"], ["--train-size", ">= 1", "0"]),
+        (["--out-dir", str(tmp_path / "o"), "--val-size", "-3"], ["--val-size", ">= 1", "-3"]),
+        (["--out-dir", str(tmp_path / "o"), "--no-train", "--benchmarks", "nope"], ["benchmark", "'nope'"]),
     ]
-    for argv, message in cases:
+    for argv, parts in cases:
         assert data.main(argv) == 2
-        assert one_error(capsys, "capo-verl prepare-data").startswith(message)
+        assert names(one_error(capsys, "capo-verl prepare-data"), *parts), (argv, parts)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and afile.read_text() == "mine"
 
 
@@ -177,12 +180,12 @@ def test_smollm2_refuses_a_cache_folder_it_cannot_write_before_converting(tmp_pa
     monkeypatch.setattr(models, "gguf_path", lambda: tmp_path / "source.gguf")  # the package is not what is tested
     monkeypatch.setattr(models, "smollm2_checkpoint", lambda *a, **k: pytest.fail("converted before the check"))
     assert models.main(["--cache-dir", "/proc/capo_x"]) == 2
-    assert one_error(capsys, "capo-verl smollm2").startswith("--cache-dir /proc/capo_x cannot be created or written")
+    assert names(one_error(capsys, "capo-verl smollm2"), "--cache-dir /proc/capo_x")
     (tmp_path / "afile").write_text("")
     assert models.main(["--cache-dir", str(tmp_path / "afile" / "c")]) == 2
-    assert "which is a file" in one_error(capsys, "capo-verl smollm2")
+    assert names(one_error(capsys, "capo-verl smollm2"), "--cache-dir", str(tmp_path / "afile"), "file")
     assert models.main(["--no-such-option"]) == 2
-    assert one_error(capsys, "capo-verl smollm2") == "unrecognized arguments: --no-such-option"
+    assert names(one_error(capsys, "capo-verl smollm2"), "--no-such-option")
 
 
 @pytest.fixture
@@ -207,22 +210,22 @@ def test_mask_thresholds_refuses_a_missing_model_and_leaves_no_prompts_file(tmp_
     out = tmp_path / "mt" / "out.json"
     argv = ["--model", str(tmp_path / "no_model"), "--data", str(prompts), "--out", str(out)]
     assert mask_thresholds.main(argv) == 2
-    assert "no such local folder or file" in one_error(capsys, "capo-verl mask-thresholds")
+    assert names(one_error(capsys, "capo-verl mask-thresholds"), str(tmp_path / "no_model"))
     assert not (tmp_path / "mt").exists()
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "extra, parts",
     [
-        (["--temperature", "-1"], "argument --temperature: must be a finite number > 0, got -1"),
-        (["-k", "0"], "argument -k: must be >= 1, got 0"),
-        (["--out", "x.txt"], "--out x.txt: expected a .json file name"),
+        (["--temperature", "-1"], ["--temperature", "> 0", "-1"]),
+        (["-k", "0"], ["-k", ">= 1", "0"]),
+        (["--out", "x.txt"], ["--out x.txt", ".json"]),
     ],
 )
-def test_mask_thresholds_option_errors(extra, message, tmp_path, prompts, capsys):
+def test_mask_thresholds_option_errors(extra, parts, tmp_path, prompts, capsys):
     argv = ["--model", "smollm2", "--data", str(prompts), "--out", str(tmp_path / "o.json"), *extra]
     assert mask_thresholds.main(argv) == 2
-    assert one_error(capsys, "capo-verl mask-thresholds") == message
+    assert names(one_error(capsys, "capo-verl mask-thresholds"), *parts)
 
 
 def test_mask_thresholds_refuses_an_unwritable_out_before_scoring_the_pool(tmp_path, prompts, capsys, monkeypatch):
@@ -233,10 +236,7 @@ def test_mask_thresholds_refuses_an_unwritable_out_before_scoring_the_pool(tmp_p
     out = tmp_path / "afile" / "o.json"
     argv = ["--model", "smollm2", "--data", str(prompts), "--pool", str(tmp_path / "p.jsonl"), "--out", str(out)]
     assert mask_thresholds.main(argv) == 2
-    assert (
-        one_error(capsys, "capo-verl mask-thresholds")
-        == f"--out {out}: its folder {out.parent} is a file, not a folder"
-    )
+    assert names(one_error(capsys, "capo-verl mask-thresholds"), f"--out {out}", f"{out.parent} is a file")
 
 
 def test_mask_thresholds_a_failed_generation_is_one_line_exit_1_and_leaves_no_prompts(
@@ -247,7 +247,7 @@ def test_mask_thresholds_a_failed_generation_is_one_line_exit_1_and_leaves_no_pr
     argv = ["--model", "no-owner/no-model", "--data", str(prompts), "-n", "2", "--out", str(out)]
     assert mask_thresholds.main(argv) == 1
     message = one_error(capsys, "capo-verl mask-thresholds", "failed")
-    assert message.startswith("`capo-verl eval generate --model no-owner/no-model") and "failed" in message
+    assert names(message, "capo-verl eval generate --model no-owner/no-model")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.parquet"]
 
 
@@ -259,14 +259,12 @@ def test_eval_generate_refuses_a_user_file_before_vllm_loads(tmp_path, capsys, m
     mine.write_text("my notes\n")
     argv = ["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "--out", str(mine)]
     assert eval_cli.main(argv) == 2
-    assert one_error(capsys, "capo-verl eval generate") == (
-        f"{mine} exists without its notes.jsonl.meta.json; remove it, pass --overwrite or choose another --out"
-    )
+    assert names(one_error(capsys, "capo-verl eval generate"), str(mine), "notes.jsonl.meta.json", "--overwrite")
     assert mine.read_text() == "my notes\n"
     assert eval_cli.main([*argv[:-1], str(tmp_path / "notes.jsonl" / "g.jsonl")]) == 2
-    assert one_error(capsys, "capo-verl eval generate").endswith(f"{mine} is a file, not a folder")
+    assert names(one_error(capsys, "capo-verl eval generate"), f"{mine} is a file")
     assert eval_cli.main(["generate", "--model", "smollm2", "--out", "g.jsonl", "--temperature", "0"]) == 2
-    assert one_error(capsys, "capo-verl eval generate") == "argument --temperature: must be a finite number > 0, got 0"
+    assert names(one_error(capsys, "capo-verl eval generate"), "--temperature", "> 0", "0")
 
 
 GENERATION = {
@@ -290,9 +288,7 @@ def test_eval_score_writes_only_into_a_folder_it_made(tmp_path, capsys):
     mine.mkdir()
     (mine / "report.md").write_text("my report")
     assert eval_cli.main(["score", str(gen), "--out", str(mine), "--no-plots"]) == 2
-    assert one_error(capsys, "capo-verl eval score").startswith(
-        f"--out {mine} is a folder that capo-verl eval score did not make (no {MARKER})"
-    )
+    assert names(one_error(capsys, "capo-verl eval score"), f"--out {mine}", MARKER, "--overwrite")
     assert sorted(p.name for p in mine.iterdir()) == ["report.md"] and (mine / "report.md").read_text() == "my report"
     made = tmp_path / "made"
     for _ in range(2):  # a folder it made: written again
@@ -313,35 +309,33 @@ def test_eval_teacher_forced_checks_its_out_and_device_before_anything(tmp_path,
     base = ["teacher-forced", "--pool", str(pool), "--model", "smollm2"]
     out = tmp_path / "afile" / "tf.json"
     assert eval_cli.main([*base, "--out", str(out)]) == 2
-    assert one_error(capsys, "capo-verl eval teacher-forced") == (
-        f"--out {out}: its folder {out.parent} is a file, not a folder"
-    )
+    assert names(one_error(capsys, "capo-verl eval teacher-forced"), f"--out {out}", f"{out.parent} is a file")
     new = tmp_path / "new" / "tf.json"
     assert eval_cli.main([*base, "--out", str(new), "--device", "tpu"]) == 2
-    assert one_error(capsys, "capo-verl eval teacher-forced") == "device 'tpu': use auto, cpu or cuda[:N]"
+    assert names(one_error(capsys, "capo-verl eval teacher-forced"), "'tpu'", "cpu", "cuda")
     assert not (tmp_path / "new").exists()
     assert eval_cli.main([*base, "--out", str(new), "--batch-size", "0"]) == 2
-    assert one_error(capsys, "capo-verl eval teacher-forced") == "argument --batch-size: must be >= 1, got 0"
+    assert names(one_error(capsys, "capo-verl eval teacher-forced"), "--batch-size", ">= 1", "0")
     assert eval_cli.main(["teacher-forced"]) == 2
-    assert one_error(capsys, "capo-verl eval teacher-forced").startswith("the following arguments are required")
+    assert names(one_error(capsys, "capo-verl eval teacher-forced"), "--pool")
     assert eval_cli.main([]) == 2
-    assert one_error(capsys, "capo-verl eval").startswith("the following arguments are required")
+    assert names(one_error(capsys, "capo-verl eval"), "generate", "score", "teacher-forced")
 
 
 @pytest.mark.parametrize(
-    "argv, prog, message",
+    "argv, prog, parts",
     [
-        (["nosuch"], "capo-verl", "unknown command 'nosuch'"),
-        (["prepare-data", "--train-size", "0"], "capo-verl prepare-data", "argument --train-size: must be >= 1"),
-        (["demo", "--tau", "nan"], "capo-verl demo", "argument --tau: 'nan'"),
-        (["mask-thresholds", "--model", "m"], "capo-verl mask-thresholds", "the following arguments are required"),
-        (["smollm2", "--bogus"], "capo-verl smollm2", "unrecognized arguments: --bogus"),
-        (["eval", "score", "--out"], "capo-verl eval score", "argument --out: expected one argument"),
-        (["eval", "teacher-forced", "--pool"], "capo-verl eval teacher-forced", "argument --pool: expected one"),
+        (["nosuch"], "capo-verl", ["'nosuch'"]),
+        (["prepare-data", "--train-size", "0"], "capo-verl prepare-data", ["--train-size", "0"]),
+        (["demo", "--tau", "nan"], "capo-verl demo", ["--tau", "'nan'"]),
+        (["mask-thresholds", "--model", "m"], "capo-verl mask-thresholds", ["--data"]),
+        (["smollm2", "--bogus"], "capo-verl smollm2", ["--bogus"]),
+        (["eval", "score", "--out"], "capo-verl eval score", ["--out"]),
+        (["eval", "teacher-forced", "--pool"], "capo-verl eval teacher-forced", ["--pool"]),
     ],
 )
-def test_as_a_user_runs_it(argv, prog, message, run_capo_verl, refusal):
-    assert refusal(run_capo_verl(*argv), prog).startswith(message)
+def test_as_a_user_runs_it(argv, prog, parts, run_capo_verl, refusal):
+    assert names(refusal(run_capo_verl(*argv), prog), *parts)
 
 
 def test_eval_generate_refuses_a_file_of_other_settings_before_vllm_loads(tmp_path, capsys, monkeypatch):
@@ -354,7 +348,4 @@ def test_eval_generate_refuses_a_file_of_other_settings_before_vllm_loads(tmp_pa
     settings.update(top_p=1.0, max_new_tokens=3046, seed=0)
     (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(settings))
     assert eval_cli.main(["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "-k", "3", "--out", str(out)]) == 2
-    assert one_error(capsys, "capo-verl eval generate") == (
-        f"{out} was generated with other settings (k: file has 2, asked 3); to resume pass the same settings, or "
-        "start over with --overwrite or another --out"
-    )
+    assert names(one_error(capsys, "capo-verl eval generate"), str(out), "k", "2", "3", "--overwrite")
