@@ -146,7 +146,7 @@ PY
 capo_launch() {
     local config_name="$1" model_path="$2"
     shift 2
-    local dry_run=0 arg
+    local dry_run=0 arg ablation=""
     local -a overrides=()
     for arg in "$@"; do
         case "$arg" in
@@ -162,6 +162,12 @@ capo_launch() {
                          "$(cd "${CAPO_CONFIG_DIR}/ablation" && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
                     return 2
                 fi
+                if [ -n "$ablation" ]; then
+                    echo "error: $ablation and $arg: a run takes one ablation (Hydra would keep the last);" \
+                         "run them one after another: bash scripts/run_ablations.sh --only ${ablation#*=},${arg#*=}" >&2
+                    return 2
+                fi
+                ablation="$arg"
                 overrides+=("$arg")
                 ;;
             *) overrides+=("$arg") ;;

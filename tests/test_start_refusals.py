@@ -49,12 +49,10 @@ def main_job(script_dry_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("main_job")
     proc = script_dry_run(SCRIPT.name, tmp, "algorithm.adv_estimator=capoo")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.errors == [
-        "error: ValueError: algorithm.adv_estimator=capoo: not a registered advantage estimator; capo-verl's: capo, "
-        "cde, codapo, grpo_mask; verl's: gae, gdpo, gpg, grpo, grpo_passk, grpo_vectorized, opo, "
-        "optimal_token_baseline, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo, rloo_vectorized, "
-        "tir_optimal_token_baseline; set e.g. algorithm.adv_estimator=capo"
-    ], proc.stderr[-3000:]
+    [error] = proc.errors
+    assert error.startswith("error: ValueError: algorithm.adv_estimator=capoo"), proc.stderr[-3000:]
+    assert names(error, "capo", "cde", "codapo", "grpo_mask", "gae", "grpo", "rloo"), error  # what is registered
+    assert fixes(error) == ["algorithm.adv_estimator=capo"], error
     assert "Traceback" not in proc.stderr
     lines = proc.stdout.splitlines()
     [cmd] = [shlex.split(lines[i + 1]) for i, ln in enumerate(lines) if ln.startswith("# command (dry run")]
@@ -77,6 +75,12 @@ def refusal(main_job, *overrides: str) -> str:
     return message
 
 
+def names(message: str, *parts: str) -> bool:
+    """Whether ``message`` names each of ``parts`` (a key, a value, what is allowed): what a refusal test asserts,
+    leaving the sentence around them free to change."""
+    return all(part in message for part in parts)
+
+
 def fixes(message: str) -> list[str]:
     """The overrides a message gives as its fix: those after its last ';'."""
     return [m.rstrip(".") for m in OVERRIDE.findall(message.rsplit(";", 1)[-1])]
@@ -97,29 +101,22 @@ def follow_fixes(main_job, overrides: list[str], steps: int = 4) -> list[str]:
     raise AssertionError(f"still refused after pasting {pasted}")
 
 
-# --- the issue's rows: (overrides, the start of the one line: key=value, what is allowed) ----------------------------
+# --- the issue's rows: (overrides, the key the line starts with, other things it names) ------------------------------
 ROWS = [
-    (
-        ["actor_rollout_ref.rollout.n=1"],
-        r"^actor_rollout_ref\.rollout\.n=1: algorithm\.adv_estimator=capo needs an "
-        r"integer >= 2 \(responses per prompt\): CAPO ranks",
-    ),
-    (["trainer.total_training_steps=0"], r"^trainer\.total_training_steps=0: must be an integer >= 1, or null"),
-    (
-        ["algorithm.capo.ref_low=30", "algorithm.capo.ref_high=20"],
-        r"^algorithm\.capo\.ref_low=30: must be <= algorithm\.capo\.ref_high=20 ",
-    ),
-    (["data.train_files=/nonexistent.parquet"], r"^data\.train_files=/nonexistent\.parquet: no file /nonexistent\."),
-    (["algorithm.capo.tau=0"], r"^algorithm\.capo\.tau must be a positive number, got 0; set e\.g\. algorithm\."),
-    (["algorithm.capo.ref_high=0"], r"^algorithm\.capo\.ref_high must be a positive number, got 0; "),
-    (["algorithm.capo.ref_low=-1"], r"^algorithm\.capo\.ref_low must be a positive number, got -1; "),
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n=1", ["capo", "2"]),
+    (["trainer.total_training_steps=0"], "trainer.total_training_steps=0", ["null"]),
+    (["algorithm.capo.ref_low=30", "algorithm.capo.ref_high=20"], "algorithm.capo.ref_low=30", ["ref_high=20"]),
+    (["data.train_files=/nonexistent.parquet"], "data.train_files=/nonexistent.parquet", []),
+    (["algorithm.capo.tau=0"], "algorithm.capo.tau", ["0"]),
+    (["algorithm.capo.ref_high=0"], "algorithm.capo.ref_high", ["0"]),
+    (["algorithm.capo.ref_low=-1"], "algorithm.capo.ref_low", ["-1"]),
 ]
 
 
-@pytest.mark.parametrize("overrides, start", ROWS)
-def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_job, overrides, start):
+@pytest.mark.parametrize("overrides, key, parts", ROWS)
+def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_job, overrides, key, parts):
     message = refusal(main_job, *overrides)
-    assert re.match(start, message), message
+    assert message.startswith(key) and names(message, *parts), message
     found = fixes(message)
     assert found and all(not f.startswith("+") for f in found), message  # the configs declare every key here
     for fix in found:
@@ -129,9 +126,11 @@ def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_
 def test_the_tau_fix_pasted_into_the_real_dry_run_passes(script_dry_run, tmp_path):
     """The fix the issue found wrong (``+algorithm.capo.tau=0.6``), now without ``+``, in the script's own
     ``--dry-run``: the config is printed, status 0."""
-    message = "algorithm.capo.tau must be a positive number, got 0; set e.g. algorithm.capo.tau=0.6"
     refused = script_dry_run(SCRIPT.name, tmp_path, "algorithm.capo.tau=0")
-    assert refused.returncode == 2 and refused.errors == [f"error: ValueError: {message}"]
+    assert refused.returncode == 2 and len(refused.errors) == 1, refused.stderr[-3000:]
+    [message] = refused.errors
+    assert message.startswith("error: ValueError: algorithm.capo.tau") and "Traceback" not in refused.stderr
+    assert fixes(message) == ["algorithm.capo.tau=0.6"], message  # the config's default, no +
     proc = script_dry_run(SCRIPT.name, tmp_path, "algorithm.capo.tau=0", *fixes(message))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "    tau: 0.6\n" in proc.stdout
@@ -146,8 +145,7 @@ def test_the_fix_has_a_plus_only_where_the_config_lacks_the_key(main_job):
     """Without an algorithm.capo section (verl's own configs; here deleted with ``~``), ``+`` adds a key; the fix
     for its value then needs none. A fix for a key the config still lacks has one."""
     lacking = "~algorithm.capo"
-    with pytest.raises(ValueError, match=r"set e\.g\. algorithm\.capo\.tau=0\.6$"):
-        check(main_job, lacking, "+algorithm.capo.tau=0")
+    assert fixes(refusal(main_job, lacking, "+algorithm.capo.tau=0")) == ["algorithm.capo.tau=0.6"]
     check(main_job, lacking, "+algorithm.capo.tau=0", "algorithm.capo.tau=0.6")
     # ref_high below the default ref_low (1.05): the fix sets ref_low, which the composed config lacks
     message = refusal(main_job, lacking, "+algorithm.capo.ref_high=1.0")
@@ -155,46 +153,46 @@ def test_the_fix_has_a_plus_only_where_the_config_lacks_the_key(main_job):
     check(main_job, lacking, "+algorithm.capo.ref_high=1.0", "+algorithm.capo.ref_low=1")
 
 
-# --- every fix of capo-verl's messages: (overrides that are refused, a pattern of the message) -----------------------
+# --- every fix of capo-verl's messages: (overrides that are refused, the key the line starts with, what it names) --
+N1 = "actor_rollout_ref.rollout.n=1"
 MORE = [
-    (["algorithm.adv_estimator=capoo"], r"^algorithm\.adv_estimator=capoo: not a registered"),
-    (["algorithm.adv_estimator=GRPO"], r"set e\.g\. algorithm\.adv_estimator=grpo$"),
-    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], r"^actor_rollout_ref\.rollout\.n=1: .*grpo"),
-    (["algorithm.adv_estimator=grpo_mask", "actor_rollout_ref.rollout.n=1"], r"grpo_mask compares each response"),
-    (["algorithm.adv_estimator=codapo", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=codapo needs"),
-    (["algorithm.adv_estimator=cde", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=cde needs"),
-    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], r"adv_estimator=rloo needs"),
-    (["trainer.total_training_steps=-3"], r"^trainer\.total_training_steps=-3: "),
-    (["trainer.total_epochs=0"], r"^trainer\.total_epochs=0: must be an integer >= 1"),
-    (["trainer.total_training_steps=null"], r"^trainer\.save_freq=null: must be an integer"),  # ${total_training_steps}
-    (["trainer.test_freq=null"], r"^trainer\.test_freq=null: must be an integer"),
-    (["trainer.resume_mode=resume"], r"^trainer\.resume_mode=resume: must be one of auto, disable, resume_path"),
-    (["trainer.resume_mode=resume_path"], r"^trainer\.resume_from_path=null \(with trainer\.resume_mode=resume_path"),
-    (["data.val_files=[/nowhere/a.parquet]"], r"^data\.val_files=\[/nowhere/a\.parquet\]: no file /nowhere/a\."),
-    (["actor_rollout_ref.rollout.n=2"], r"^actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=16: each "),
-    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], r"^actor_rollout_ref\.actor\.ppo_micro_batch_size"),
-    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32"], r"^actor_rollout_ref\.ref\.log_prob_micro"),
-    (["algorithm.capo.tau=1e39"], r"^algorithm\.capo\.tau=1e\+39 is outside float32's range"),
-    (["algorithm.capo.ref_high=0.5"], r"^algorithm\.capo\.ref_high must be >= 1"),
-    (["algorithm.capo.reward_threshold=x"], r"^algorithm\.capo\.reward_threshold must be a finite number"),
-    (
-        ["algorithm.adv_estimator=codapo", "+algorithm.codapo.weight_offset=nan"],
-        r"^algorithm\.codapo\.weight_offset must be a finite number",
-    ),
-    (["algorithm.adv_estimator=cde", "+algorithm.cde.kappa=0"], r"^algorithm\.cde\.kappa must be a positive number"),
+    (["algorithm.adv_estimator=capoo"], "algorithm.adv_estimator=capoo", []),
+    (["algorithm.adv_estimator=GRPO"], "algorithm.adv_estimator=GRPO", ["grpo"]),
+    (["algorithm.adv_estimator=grpo", N1], N1, ["grpo"]),
+    (["algorithm.adv_estimator=grpo_mask", N1], N1, ["grpo_mask"]),
+    (["algorithm.adv_estimator=codapo", N1], N1, ["codapo"]),
+    (["algorithm.adv_estimator=cde", N1], N1, ["cde"]),
+    (["algorithm.adv_estimator=rloo", N1], N1, ["rloo"]),
+    (["algorithm.adv_estimator=grpo", "algorithm.capo.tau=0.4"], "algorithm.capo.tau=0.4", ["capo", "grpo"]),
+    (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3", []),
+    (["trainer.total_epochs=0"], "trainer.total_epochs=0", []),
+    (["trainer.total_training_steps=null"], "trainer.save_freq=null", []),  # ${trainer.total_training_steps}
+    (["trainer.test_freq=null"], "trainer.test_freq=null", []),
+    (["trainer.resume_mode=resume"], "trainer.resume_mode=resume", ["auto", "disable", "resume_path"]),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path=null", ["trainer.resume_mode=resume_path"]),
+    (["data.val_files=[/nowhere/a.parquet]"], "data.val_files=[/nowhere/a.parquet]", ["/nowhere/a.parquet"]),
+    (["actor_rollout_ref.rollout.n=2"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", []),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], "actor_rollout_ref.actor.ppo_micro_batch_size", []),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32"], "actor_rollout_ref.ref.log_prob_micro", []),
+    (["algorithm.capo.tau=1e39"], "algorithm.capo.tau=1e+39", ["float32"]),
+    (["algorithm.capo.ref_high=0.5"], "algorithm.capo.ref_high", ["1"]),
+    (["algorithm.capo.reward_threshold=x"], "algorithm.capo.reward_threshold", []),
+    (["algorithm.adv_estimator=codapo", "+algorithm.codapo.weight_offset=nan"], "algorithm.codapo.weight_offset", []),
+    (["algorithm.adv_estimator=cde", "+algorithm.cde.kappa=0"], "algorithm.cde.kappa", []),
     (
         ["algorithm.adv_estimator=cde", "+algorithm.cde.w_zero_after_step=3", "trainer.use_v1=false"],
-        r"^algorithm\.cde\.w_zero_after_step=3 \(the bonus schedule\) needs verl's v1 trainer",
+        "algorithm.cde.w_zero_after_step=3",
+        ["v1"],
     ),
 ]
 
 
-@pytest.mark.parametrize("overrides, pattern", MORE)
-def test_following_the_fixes_gives_a_config_that_passes(main_job, overrides, pattern):
+@pytest.mark.parametrize("overrides, key, parts", MORE)
+def test_following_the_fixes_gives_a_config_that_passes(main_job, overrides, key, parts):
     """Each message names the key and value and a fix; pasting its fix (then the next message's, if the first fix
     uncovers another value to change) gives a config that composes and passes every check."""
     message = refusal(main_job, *overrides)
-    assert re.search(pattern, message), message
+    assert message.startswith(key) and names(message, *parts), message
     pasted = follow_fixes(main_job, overrides)
     assert pasted, message
 
@@ -220,19 +218,19 @@ def test_the_training_set_must_hold_the_batch_and_the_steps(main_job, tmp_path):
     pd.DataFrame(rows).to_parquet(train)
     data = f"data.train_files={train}"
     message = refusal(main_job, data, "data.train_batch_size=16")
-    assert message.startswith("data.train_batch_size=16: larger than the 10 rows of data.train_files"), message
+    assert message.startswith("data.train_batch_size=16") and names(message, "10", "data.train_files"), message
     assert fixes(message) == ["data.train_batch_size=10"]
     message = refusal(main_job, data, "trainer.total_training_steps=6")  # batch 4: 2 steps an epoch
-    assert message.startswith(
-        "trainer.total_training_steps=6: trainer.total_epochs=1 epoch(s) of data.train_files give at most 2 steps"
-    ), message
+    assert message.startswith("trainer.total_training_steps=6") and names(message, "trainer.total_epochs=1", "2"), (
+        message
+    )
     assert fixes(message) == ["trainer.total_epochs=3"]
     check(main_job, data, "trainer.total_training_steps=6", "trainer.total_epochs=3")
     # CoDaSampling trains each loader batch twice (a prepare and an apply step): 4 steps an epoch
     codapo = ["algorithm.adv_estimator=codapo", "+algorithm.codapo.resample=true", "+algorithm.codapo.repeat_count=4"]
     check(main_job, data, *codapo, "trainer.total_training_steps=4")
     message = refusal(main_job, data, *codapo, "trainer.total_training_steps=6")
-    assert "give at most 4 steps (10 rows, at most 4 steps with data.train_batch_size=4 per epoch)" in message, message
+    assert message.startswith("trainer.total_training_steps=6") and names(message, "4 steps", "10 rows"), message
     assert fixes(message) == ["trainer.total_epochs=2"]
 
 
@@ -245,7 +243,7 @@ def test_data_files_are_checked_in_the_trainers_process_and_the_dry_run_only(mai
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         cfg = compose(config_name="capo_smollm2_135m_cpu", overrides=["data.train_files=/nonexistent.parquet"])
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    with launch_script_files(), pytest.raises(ValueError, match=r"^data\.train_files=/nonexistent\.parquet: no file"):
+    with launch_script_files(), pytest.raises(ValueError, match=r"^data\.train_files=/nonexistent\.parquet\b"):
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 
 
@@ -297,10 +295,8 @@ def test_help_prints_the_scripts_usage(tmp_path, script, flag):
 
 def test_an_unknown_option_points_to_help(tmp_path):
     proc = subprocess.run(["bash", str(SCRIPT), "-x"], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (
-        "error: unknown option -x (Hydra overrides have no leading -); see bash scripts/run_capo_smollm2_cpu.sh --help"
-    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert names(proc.stderr, "-x", "bash scripts/run_capo_smollm2_cpu.sh --help"), proc.stderr
 
 
 def test_format_value_of_the_messages():
@@ -313,46 +309,43 @@ def test_resume_path_must_name_an_existing_checkpoint_folder(main_job, tmp_path)
     mode = "trainer.resume_mode=resume_path"
     check(main_job, mode, f"trainer.resume_from_path={step}")
     message = refusal(main_job, mode, f"trainer.resume_from_path={tmp_path}/global_step_3")
-    assert message.startswith(f"trainer.resume_from_path={tmp_path}/global_step_3 (with trainer.resume_mode="), message
-    assert "): does not exist;" in message
+    assert message.startswith(f"trainer.resume_from_path={tmp_path}/global_step_3") and names(message, mode), message
     message = refusal(main_job, mode, f"trainer.resume_from_path={step}/actor")
-    assert "): must be the path of a checkpoint folder named global_step_<N>;" in message
+    assert message.startswith(f"trainer.resume_from_path={step}/actor") and names(message, "global_step_<N>"), message
     assert fixes(message) == ["trainer.resume_mode=auto"]
 
 
 # --- values that passed --dry-run and failed, or did nothing, later ------------------------------------------------
 LATE = [
-    (["actor_rollout_ref.model.path=/nonexistent/model"], r"^actor_rollout_ref\.model\.path=/nonexistent/model: does "),
+    (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path=/nonexistent/model", []),
     (
         ["actor_rollout_ref.rollout.calculate_log_probs=false"],
-        r"^actor_rollout_ref\.rollout\.calculate_log_probs=false: the val-calib/\* metrics are required",
+        "actor_rollout_ref.rollout.calculate_log_probs=false",
+        ["val-calib", "trainer.val_calib=false"],
     ),
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], r"^actor_rollout_ref\.actor\.ppo_mini_batch_size=0: must be "),
-    (["data.max_response_length=0"], r"^data\.max_response_length=0: must be an integer >= 1 "),
-    (["actor_rollout_ref.rollout.name=sglang"], r"^actor_rollout_ref\.rollout\.name=sglang: with trainer\.device=cpu"),
-    (["actor_rollout_ref.rollout.name=hf"], r"^actor_rollout_ref\.rollout\.name=hf: must be one of vllm, sglang, "),
-    (["actor_rollout_ref.actor.optim.lr=-1"], r"^actor_rollout_ref\.actor\.optim\.lr=-1: must be a finite number > 0"),
-    (["actor_rollout_ref.actor.optim.lr=nan"], r"^actor_rollout_ref\.actor\.optim\.lr=nan: must be a finite number"),
-    (["actor_rollout_ref.rollout.val_kwargs.n=1"], r"^actor_rollout_ref\.rollout\.val_kwargs\.n=1: the val-calib/\*"),
-    (["trainer.val_before_train=maybe"], r"^trainer\.val_before_train=maybe: must be true or false"),
-    (["data.max_prompt_length=-1"], r"^data\.max_prompt_length=-1: must be an integer >= 1 "),
-    (["trainer.device=tpu"], r"^trainer\.device=tpu: must be one of cuda, npu, cpu "),
-    (["trainer.n_gpus_per_node=0"], r"^trainer\.n_gpus_per_node=0: must be an integer >= 1 "),
-    (["trainer.nnodes=0"], r"^trainer\.nnodes=0: must be an integer >= 1 "),
-    (
-        ["trainer.default_local_dir=/proc/capo_ckpt"],
-        r"^trainer\.default_local_dir=/proc/capo_ckpt: cannot be created or ",
-    ),
-    (["trainer.default_local_dir="], r"^trainer\.default_local_dir=: must be the path of a folder; "),
-    (["+trainer.validation_data_dir=/proc/v"], r"^trainer\.validation_data_dir=/proc/v: cannot be created or written"),
-    (["+trainer.rollout_data_dir=/proc/r"], r"^trainer\.rollout_data_dir=/proc/r: cannot be created or written"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=0"], "actor_rollout_ref.actor.ppo_mini_batch_size=0", [">= 1"]),
+    (["data.max_response_length=0"], "data.max_response_length=0", [">= 1"]),
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name=sglang", ["trainer.device=cpu"]),
+    (["actor_rollout_ref.rollout.name=hf"], "actor_rollout_ref.rollout.name=hf", ["vllm", "sglang"]),
+    (["actor_rollout_ref.actor.optim.lr=-1"], "actor_rollout_ref.actor.optim.lr=-1", ["> 0"]),
+    (["actor_rollout_ref.actor.optim.lr=nan"], "actor_rollout_ref.actor.optim.lr=nan", ["> 0"]),
+    (["actor_rollout_ref.rollout.val_kwargs.n=1"], "actor_rollout_ref.rollout.val_kwargs.n=1", ["val-calib"]),
+    (["trainer.val_before_train=maybe"], "trainer.val_before_train=maybe", ["true", "false"]),
+    (["data.max_prompt_length=-1"], "data.max_prompt_length=-1", [">= 1"]),
+    (["trainer.device=tpu"], "trainer.device=tpu", ["cuda", "npu", "cpu"]),
+    (["trainer.n_gpus_per_node=0"], "trainer.n_gpus_per_node=0", [">= 1"]),
+    (["trainer.nnodes=0"], "trainer.nnodes=0", [">= 1"]),
+    (["trainer.default_local_dir=/proc/capo_ckpt"], "trainer.default_local_dir=/proc/capo_ckpt", []),
+    (["trainer.default_local_dir="], "trainer.default_local_dir=:", []),
+    (["+trainer.validation_data_dir=/proc/v"], "trainer.validation_data_dir=/proc/v", []),
+    (["+trainer.rollout_data_dir=/proc/r"], "trainer.rollout_data_dir=/proc/r", []),
 ]
 
 
-@pytest.mark.parametrize("overrides, start", LATE)
-def test_values_that_failed_late_are_refused_at_start_with_a_fix_that_works(main_job, overrides, start):
+@pytest.mark.parametrize("overrides, key, parts", LATE)
+def test_values_that_failed_late_are_refused_at_start_with_a_fix_that_works(main_job, overrides, key, parts):
     message = refusal(main_job, *overrides)
-    assert re.match(start, message), message
+    assert message.startswith(key) and names(message, *parts), message
     found = fixes(message)
     assert found, message
     for fix in found:
@@ -377,7 +370,7 @@ def test_cuda_is_refused_on_a_machine_without_it_only_for_this_machine(main_job,
 
     monkeypatch.setattr(run_checks, "_cuda_available", lambda: False)
     message = refusal(main_job, "trainer.device=cuda")
-    assert message.startswith("trainer.device=cuda: this machine has no CUDA device"), message
+    assert message.startswith("trainer.device=cuda") and "CUDA" in message, message
     assert fixes(message) == ["trainer.device=cpu"]
     cmd, files = main_job
     gpu = [a for a in cmd if not a.startswith("--config-name")] + ["--config-name=capo_qwen2.5_math_1.5b"]
@@ -388,7 +381,7 @@ def test_cuda_is_refused_on_a_machine_without_it_only_for_this_machine(main_job,
 def test_a_file_in_the_way_of_the_checkpoint_folder(main_job, tmp_path):
     (tmp_path / "afile").write_text("x")
     message = refusal(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt")
-    assert message.startswith(f"trainer.default_local_dir={tmp_path}/afile/ckpt: lies under {tmp_path}/afile, which")
+    assert message.startswith(f"trainer.default_local_dir={tmp_path}/afile/ckpt") and f"{tmp_path}/afile," in message
     [fix] = fixes(message)
     check(main_job, f"trainer.default_local_dir={tmp_path}/afile/ckpt", fix)
 
@@ -405,9 +398,9 @@ def test_the_write_check_leaves_nothing_behind(main_job, tmp_path):
 def test_the_folder_check_names_the_reason():
     from capo_verl.commands import folder_problem
 
-    assert folder_problem("/proc/capo_x").startswith("cannot be created or written (")
-    assert folder_problem("/dev/null/x") == "lies under /dev/null, which is a file"
-    assert folder_problem("/dev/null") == "is a file, not a folder"
+    assert folder_problem("/proc/capo_x") is not None and folder_problem("/tmp") is None
+    assert names(folder_problem("/dev/null/x"), "/dev/null", "file")  # the file in the way
+    assert names(folder_problem("/dev/null"), "file")
 
 
 def test_rays_folder_must_be_writable(tmp_path):
@@ -415,10 +408,8 @@ def test_rays_folder_must_be_writable(tmp_path):
 
     assert ray_folder_problem({"TMPDIR": str(tmp_path)}) is None
     message = ray_folder_problem({"RAY_TMPDIR": "/proc/ray"})
-    assert (
-        message.startswith("RAY_TMPDIR=/proc/ray: cannot be created or written (") and "export RAY_TMPDIR=" in message
-    )
-    assert ray_folder_problem({"TMPDIR": "/proc/t"}).startswith("TMPDIR=/proc/t: cannot be created")
+    assert message.startswith("RAY_TMPDIR=/proc/ray") and "export RAY_TMPDIR=" in message
+    assert ray_folder_problem({"TMPDIR": "/proc/t"}).startswith("TMPDIR=/proc/t")
     assert ray_folder_problem({"RAY_TMPDIR": "/proc/ray", "RAY_ADDRESS": "auto"}) is None  # the cluster's folder
     with launch_script_files():  # the launcher falls back to /tmp when TMPDIR cannot take its Ray folder
         assert ray_folder_problem({"TMPDIR": "/proc/t"}) is None
@@ -429,13 +420,9 @@ def test_rays_folder_must_be_writable(tmp_path):
 @pytest.mark.parametrize(
     "override_, start, fix",
     [
-        (
-            "+adv_estimator=grpo",
-            "adv_estimator: a new top-level key, which verl does not read",
-            ["~adv_estimator", "algorithm.adv_estimator=grpo"],
-        ),
-        ("+capo.tau=0.5", "capo: a new top-level key", ["~capo", "algorithm.capo.tau=0.5"]),
-        ("+no_such_key=1", "no_such_key: a new top-level key", ["~no_such_key"]),
+        ("+adv_estimator=grpo", "adv_estimator:", ["~adv_estimator", "algorithm.adv_estimator=grpo"]),
+        ("+capo.tau=0.5", "capo:", ["~capo", "algorithm.capo.tau=0.5"]),
+        ("+no_such_key=1", "no_such_key:", ["~no_such_key"]),
     ],
 )
 def test_a_new_top_level_key_is_refused_naming_the_key_meant(main_job, override_, start, fix):
@@ -456,11 +443,9 @@ def test_the_grpo_twin_refuses_plus_adv_estimator_in_its_real_dry_run(script_dry
     """The issue's command: the GRPO config with +adv_estimator=capo trained GRPO; now status 2 and one line."""
     proc = script_dry_run(SCRIPT.name, tmp_path, "+adv_estimator=capo", env={"CONFIG_NAME": "grpo_smollm2_135m_cpu"})
     assert proc.returncode == 2, proc.stdout[-2000:]
-    assert proc.errors == [
-        "error: ValueError: adv_estimator: a new top-level key, which verl does not read (Hydra's hint "
-        "'+adv_estimator=...' adds a key the config lacks, and nothing reads it); the key is "
-        "algorithm.adv_estimator; set ~adv_estimator algorithm.adv_estimator=capo"
-    ], proc.stderr[-3000:]
+    [error] = proc.errors
+    assert error.startswith("error: ValueError: adv_estimator:"), proc.stderr[-3000:]
+    assert error.endswith(" set ~adv_estimator algorithm.adv_estimator=capo"), error
     assert "Traceback" not in proc.stderr
 
 
@@ -477,9 +462,7 @@ def test_a_mini_batch_larger_than_the_batch_gets_one_consistent_set(main_job):
     without one; now one message sets the mini-batch and every micro-batch size it moves."""
     overrides = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     message = refusal(main_job, *overrides)
-    assert message.startswith(
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8: larger than data.train_batch_size=3 (verl refuses"
-    ), message
+    assert message.startswith("actor_rollout_ref.actor.ppo_mini_batch_size=8") and "train_batch_size=3" in message
     found = fixes(message)
     assert found[0] == "actor_rollout_ref.actor.ppo_mini_batch_size=3" and len(found) > 1, message
     cfg = check(main_job, *overrides, *found)
@@ -489,10 +472,10 @@ def test_a_mini_batch_larger_than_the_batch_gets_one_consistent_set(main_job):
 @pytest.mark.parametrize(
     "override_, start, fix",
     [
-        ("data.train_batch_size=0", "data.train_batch_size=0: must be an integer >= 1 ", "data.train_batch_size=4"),
+        ("data.train_batch_size=0", "data.train_batch_size=0", "data.train_batch_size=4"),
         (
             "actor_rollout_ref.rollout.temperature=-1",
-            "actor_rollout_ref.rollout.temperature=-1: must be a finite number > 0 (the rollout samples at it;",
+            "actor_rollout_ref.rollout.temperature=-1",
             "actor_rollout_ref.rollout.temperature=1.0",
         ),
     ],
@@ -506,6 +489,7 @@ def test_values_that_ended_in_a_verl_assert_get_a_fix(main_job, override_, start
 @pytest.mark.parametrize(
     "overrides, fix",
     [
+        (["algorithm.adv_estimator=GRPO"], "algorithm.adv_estimator=grpo"),
         (["algorithm.capo.use_mask=maybe"], "algorithm.capo.use_mask=true"),
         (["algorithm.capo.normalize=Group"], "algorithm.capo.normalize=group"),
         (["trainer.total_training_steps=1e3", "trainer.total_epochs=500"], "trainer.total_training_steps=1000"),
@@ -523,8 +507,18 @@ def test_keys_refused_without_a_fix_now_name_one(main_job, overrides, fix):
 
 def test_an_unknown_capo_key_names_the_key_meant(main_job):
     message = refusal(main_job, "+algorithm.capo.taus=0.5")
-    assert message.endswith("; did you mean algorithm.capo.tau? set ~algorithm.capo.taus algorithm.capo.tau=0.5"), (
-        message
-    )
+    assert "algorithm.capo.taus" in message and "algorithm.capo.tau?" in message, message
+    assert message.endswith(" set ~algorithm.capo.taus algorithm.capo.tau=0.5"), message
     cfg = check(main_job, "+algorithm.capo.taus=0.5", "~algorithm.capo.taus", "algorithm.capo.tau=0.5")
     assert cfg.algorithm.capo.tau == 0.5
+
+
+def test_a_typed_key_the_run_does_not_read_is_refused(main_job):
+    """``+algorithm.capo.tau=0.4`` with GRPO, SimKO's keys without its loss mode: nothing would read them."""
+    message = refusal(main_job, "algorithm.adv_estimator=grpo", "algorithm.capo.tau=0.4")
+    assert message.startswith("algorithm.capo.tau=0.4") and fixes(message) == ["algorithm.adv_estimator=capo"]
+    simko = "+actor_rollout_ref.actor.policy_loss.simko.top_k=3"
+    message = refusal(main_job, simko)
+    assert message.startswith(simko) and "loss_mode=simko" in message, message
+    cfg = check(main_job, "algorithm.adv_estimator=capo", "algorithm.capo.tau=0.4")  # read: kept
+    assert cfg.algorithm.capo.tau == 0.4

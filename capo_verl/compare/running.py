@@ -71,10 +71,30 @@ def code_version() -> dict:
     return {"capo_verl": __version__, "commit": commit, "modified": modified}
 
 
+def read_by(method: str, override: str) -> bool:
+    """Whether the run of ``method`` reads the shared ``override``: a method's own keys (``algorithm.<section>.*``
+    of an estimator's section, SimKO's ``actor_rollout_ref.actor.policy_loss.simko.*``) go only to the methods that
+    read them, as verl's start refuses a typed key that the run does not read
+    (:func:`capo_verl.compat.methods.check_typed_keys`); every other key goes to every method."""
+    from capo_verl.compat.methods import SIMKO_SECTION
+    from capo_verl.estimators.registry import ESTIMATORS, config_sections
+
+    own = {o.lstrip("+").partition("=")[0]: o.partition("=")[2] for o in METHODS[method].overrides}
+    key = override.lstrip("+").partition("=")[0]
+    parts = key.split(".")
+    if key.startswith("algorithm.") and len(parts) >= 3 and parts[1] in config_sections():
+        estimator = ESTIMATORS.get(own.get("algorithm.adv_estimator", ""))
+        return estimator is not None and estimator.section == parts[1]
+    if key.startswith(SIMKO_SECTION):
+        return own.get("actor_rollout_ref.actor.policy_loss.loss_mode") == "simko"
+    return True
+
+
 def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path, overrides: list[str]) -> list[str]:
     """The ``python -m verl.trainer.main_ppo`` command of one method: its overrides (:data:`METHODS`), its run's
-    paths, then ``overrides`` (shared by every method). ``trainer.resume_mode=auto``: the run's checkpoint folder is
-    its own, so a first attempt starts from the model and a resumed one from the last complete checkpoint."""
+    paths, then those of ``overrides`` (shared by every method) that it reads (:func:`read_by`).
+    ``trainer.resume_mode=auto``: the run's checkpoint folder is its own, so a first attempt starts from the model
+    and a resumed one from the last complete checkpoint."""
     return main_ppo_command(
         config_dir,
         config_name,
@@ -84,7 +104,7 @@ def train_command(method: str, config_name: str, config_dir: Path, run_dir: Path
             "++trainer.logger=[console,file]",
             f"++trainer.default_local_dir={run_dir / 'ckpt'}",
             f"++trainer.validation_data_dir={run_dir / 'val_generations'}",
-            *overrides,
+            *(o for o in overrides if read_by(method, o)),
             "++trainer.resume_mode=auto",
         ],
     )

@@ -12,6 +12,9 @@ repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook f
   by :class:`~capo_verl.estimators.CapoConfig`, :class:`~capo_verl.estimators.CodapoConfig`,
   :class:`~capo_verl.estimators.CdeConfig` whenever the section is present or the selected estimator reads it
   (unknown keys, wrong types, out-of-range values, CoDaPO's resampling keys (``compat/codapo_sampling.py``));
+- an ablation of ``configs/ablation/`` that changes a section the run's estimator does not read
+  (:func:`check_ablation`), and a method key typed on the command line that the run does not read
+  (:func:`check_typed_keys`);
 - ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
   step to the advantage step, so the schedule would fail at the first update (after rollouts);
 - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
@@ -56,7 +59,7 @@ from .codapo_sampling import check_resample_setup, resample_config
 from .patching import after_import, patch
 from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
 from .run_summary import remember_command
-from .simko import check_simko_setup
+from .simko import check_simko_setup, loss_mode_of
 from .start_report import log_start_report
 from .validation import REQUIRED, parse_val_calib, val_calib_mode
 
@@ -208,6 +211,82 @@ def check_mask_thresholds(config, capo: CapoConfig) -> None:
     )
 
 
+def check_ablation(config, name: str | None) -> None:
+    """An ablation of ``configs/ablation/`` (``ablation=<file>``) changes a method section the run's estimator reads.
+
+    The file names itself (``capo_run.ablation``) and the ``algorithm.<section>`` it changes (``capo_run.changes``;
+    ``configs/base.yaml``). ``+ablation=tau0.4`` on the GRPO config set ``algorithm.capo.tau``, which GRPO never reads,
+    named the run ``grpo_tau0.4`` and trained plain GRPO. A config without ``capo_run`` (verl's own, the CPU configs)
+    is not checked.
+
+    Raises:
+        ValueError: the estimator ``name`` does not read ``algorithm.<changes>``; the message names the ablation, the
+            section, the estimators that read it and a fix.
+    """
+    run = _get(config, "capo_run")
+    changes = _get(run, "changes")
+    if changes is None or name is None:
+        return
+    readers = sorted(spec.name for spec in ESTIMATORS.values() if spec.section == changes)
+    if name in readers:
+        return
+    ablation = _get(run, "ablation")
+    raise ValueError(
+        f"ablation={ablation}: it changes algorithm.{changes}, which algorithm.adv_estimator={name} does not read "
+        f"(read by {', '.join(readers) or 'no estimator'}), so the run would train {name} under the ablation's "
+        f"name; drop ablation={ablation}, or run it on a recipe of {' or '.join(readers) or 'its method'} (e.g. "
+        f"bash scripts/run_capo_qwen2.5_math_1.5b.sh ablation={ablation})"
+    )
+
+
+#: the section of SimKO's keys, read only with ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``
+SIMKO_SECTION = "actor_rollout_ref.actor.policy_loss.simko."
+
+
+def _typed_overrides() -> list[str]:
+    """The Hydra overrides typed on the command line: a launch script's ``--dry-run``'s, else, in the trainer's own
+    process, ``sys.argv``; empty where a config is only composed (:func:`~.run_checks.data_files_checked`)."""
+    import sys
+
+    from . import run_checks
+
+    if not run_checks.data_files_checked():
+        return []
+    args = run_checks._EXPECTED["overrides"] if run_checks._EXPECTED["active"] else sys.argv[1:]
+    return [a for a in args if "=" in a and not a.startswith(("-", "~"))]
+
+
+def check_typed_keys(config, name: str | None) -> None:
+    """A key typed on the command line for a method the run does not use is refused: ``algorithm.<section>.*`` of a
+    section the estimator ``name`` does not read (``+algorithm.capo.tau=0.4`` on the GRPO config was accepted and
+    trained plain GRPO), and SimKO's keys without ``loss_mode=simko``. Only the command line's keys: a config may
+    carry a section for another run (``configs/compare_smollm2_135m_cpu.yaml`` sets CAPO's thresholds for its GRPO
+    run too).
+
+    Raises:
+        ValueError: naming the override, the estimators (or the loss mode) that read it, and a fix.
+    """
+    used = ESTIMATORS[name].section if name in ESTIMATORS else None
+    for arg in _typed_overrides():
+        key = arg.partition("=")[0].lstrip("+")
+        section = key.split(".")[1] if key.startswith("algorithm.") and key.count(".") >= 2 else None
+        if section in config_sections() and section != used:
+            readers = sorted(spec.name for spec in ESTIMATORS.values() if spec.section == section)
+            raise ValueError(
+                f"{arg}: algorithm.{section}.* is read only by algorithm.adv_estimator={', '.join(readers)}, and this "
+                f"run's estimator is {name}, so nothing would read it; remove it from the command line, or set "
+                f"algorithm.adv_estimator={readers[0]}"
+            )
+        if key.startswith(SIMKO_SECTION):
+            mode = loss_mode_of(_get(_get(config, "actor_rollout_ref"), "actor"))
+            if mode != "simko":
+                raise ValueError(
+                    f"{arg}: SimKO's keys are read only with actor_rollout_ref.actor.policy_loss.loss_mode=simko, "
+                    f"and this run's loss mode is {mode}, so nothing would read it; remove it from the command "
+                    "line, or set actor_rollout_ref.actor.policy_loss.loss_mode=simko"
+                )
+
+
 def check_method_configs(config) -> None:
     """Check every capo-verl method's keys in a full trainer config, and the verl keys a run needs right before it
     starts (see the module docstring for what).
@@ -231,6 +310,8 @@ def check_method_configs(config) -> None:
     if used == "capo":
         check_mask_thresholds(config, parsed["capo"])
     check_group_size(config, name)
+    check_ablation(config, name)
+    check_typed_keys(config, name)
     cde = parsed.get("cde")
     use_v1 = _get(_get(config, "trainer"), "use_v1")
     if name == "cde" and cde.w_zero_after_step is not None and use_v1 is False:
