@@ -78,7 +78,7 @@ def test_staircase_schedule_follows_the_step_passed_in(constant_batch):
 
 def test_a_schedule_without_the_step_is_an_error(constant_batch):
     rew, mask, lp = constant_batch([-0.1, -0.2], [1, 0], lengths=[6, 6])
-    with pytest.raises(ValueError, match="cde needs the training step.*w_zero_after_step=3.*v1 trainer"):
+    with pytest.raises(ValueError, match=r"\bcde\b.*algorithm\.cde\.w_zero_after_step=3\b.*\bv1 trainer\b"):
         cde(rew, mask, ["q", "q"], lp, w0=1.0, w_zero_after_step=3)
 
 

@@ -175,7 +175,7 @@ def test_uses_rollout_log_probs_only_without_old_log_probs(random_dataproto, seq
 # --- errors name the key and the fix (bad values of a composed config: tests/test_method_configs.py) ------------
 def test_a_number_given_as_text_is_refused():
     """A YAML/Hydra value is parsed as a number already; a dict from code can still hold the text "0.1"."""
-    with pytest.raises(ValueError, match="algorithm.codapo.weight_offset must be a finite number, got '0.1'"):
+    with pytest.raises(ValueError, match=r"algorithm\.codapo\.weight_offset\b.*'0\.1'"):
         CodapoConfig.from_algorithm_config({"codapo": {"weight_offset": "0.1"}})
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_t_quantile_hand_values_closed_forms_and_scipy():
         with pytest.raises(ValueError, match="p must lie in"):
             t_quantile(bad_p, 3)
     for bad_df in (0, 2.5, True):
-        with pytest.raises(ValueError, match="df must be an integer >= 1"):
+        with pytest.raises(ValueError, match=rf"\bdf\b.*>= 1\b.*\b{bad_df!r}$"):
             t_quantile(0.9, bad_df)
     from scipy import stats  # declared in the dev extra: a missing scipy fails here instead of skipping
 
@@ -226,16 +227,16 @@ def test_every_method_passes_verls_checks_on_the_default_config():
     val = composed["capo"].actor_rollout_ref.rollout.val_kwargs
     assert val.n >= config.MIN_VAL_SAMPLES and val.do_sample and val.temperature == 1.0
     # what a method's run would be refused for, before it trains
-    with pytest.raises(UsageError, match=r"^grpo: .*trainer\.total_training_steps=0: must be an integer >= 1"):
+    with pytest.raises(UsageError, match=r"^grpo: .*trainer\.total_training_steps=0\b.*>= 1\b"):
         config.checked_config("grpo", config.DEFAULT_CONFIG, config_dir, ["trainer.total_training_steps=0"])
-    with pytest.raises(UsageError, match="grpo: the overrides do not give a valid verl config: .*trainer.no_such_key"):
+    with pytest.raises(UsageError, match=r"^grpo: .*\bverl config\b.*\btrainer\.no_such_key\b"):
         config.checked_config("grpo", config.DEFAULT_CONFIG, config_dir, ["trainer.no_such_key=1"])
 
 
 def test_config_lookup_outside_a_checkout_finds_the_config_or_names_the_flags(tmp_path, monkeypatch):
     # an installation whose configs/ is missing: a clear error naming --config-dir and --config
     monkeypatch.setattr(config, "CONFIG_DIR", tmp_path / "site-packages" / "capo_verl" / "compare" / "configs")
-    with pytest.raises(UsageError, match=r"config 'compare_smollm2_135m_cpu' not found .*--config-dir DIR.*--config"):
+    with pytest.raises(UsageError, match=r"'compare_smollm2_135m_cpu'.*--config-dir DIR.*--config\b"):
         config.find_config_dir(config.DEFAULT_CONFIG)
     with pytest.raises(UsageError, match="not found in --config-dir"):
         config.find_config_dir(config.DEFAULT_CONFIG, tmp_path)
@@ -259,8 +260,8 @@ def test_differences_name_nested_keys_and_absent_ones():
     require_same(old, json.loads(json.dumps(old)), "same")
     with pytest.raises(
         UsageError,
-        match=r"^x with other settings \(recorded -> now\): composed.data: .*"
-        r"composed.trainer.steps: 3 -> 4; use another --out$",
+        match=r"^x with .*\bcomposed\.data\b.*\bcomposed\.trainer\.freq\b.*\bcomposed\.trainer\.steps: 3 -> 4\b"
+        r".*\banother --out\b",
     ):
         require_same(old, new, "x with")
 
@@ -336,7 +337,7 @@ def test_a_stopped_method_resumes_from_its_last_checkpoint_and_keeps_every_steps
     settings = {"config": "c", "method": "grpo"}
     with mock.patch.object(running, "train_command", side_effect=stand_in):
         monkeypatch.setenv("STAND_IN_STOP_AFTER", "2")
-        with pytest.raises(RuntimeError, match="grpo: verl's trainer exited with 1"):
+        with pytest.raises(RuntimeError, match=r"^grpo: .*\btrainer\b.*\bexited\b.*\b1\b.*\blog\b"):
             run_method("grpo", tmp_path, "c", tmp_path, ["trainer.total_training_steps=4"], settings=settings)
         run = tmp_path / "grpo"
         assert check_method_dir(run, settings, None) == "resume"
@@ -889,7 +890,7 @@ def test_pilot2_summary_regenerates_from_its_plan_file(tmp_path):
     # the units must be the plan's: 256 questions x 8 samples, 30 steps
     from capo_verl.compare.verdict import PlanError
 
-    with pytest.raises(PlanError, match="validation.samples: the plan has 16, the units 8"):
+    with pytest.raises(PlanError, match=r"\bvalidation\.samples: .*\b16\b.*\b8\b"):
         write_seeds_summary(
             out, ["grpo", "capo"], [0, 1, 2], plan=_toy_plan(tmp_path, questions=256, samples=16, steps=30)
         )
@@ -965,29 +966,36 @@ def test_a_plan_file_is_checked_and_each_fault_names_its_key(tmp_path):
         return str(info.value).split(": ", 1)[1]
 
     assert fault(lambda d: d.pop("steps")) == "steps: missing"
-    assert fault(lambda d: d.update(margins=1)).startswith("(top level): unknown key 'margins'")
-    assert fault(lambda d: d["endpoints"]["calibration"].update(margin=0)).startswith(
-        "endpoints.calibration.margin: expected a number > 0, got 0"
+    # each fault names its key (the message's prefix), the bad value and the values allowed, not a fixed sentence
+    assert re.match(r"\(top level\): .*\bunknown\b.*'margins'", fault(lambda d: d.update(margins=1)))
+    assert re.match(
+        r"endpoints\.calibration\.margin: .*> 0\b.*\b0\b",
+        fault(lambda d: d["endpoints"]["calibration"].update(margin=0)),
     )
-    assert fault(lambda d: d["endpoints"]["accuracy"].update(measure="acc")).startswith(
-        "endpoints.accuracy.measure: 'acc' is not one of auc_mean"
+    assert re.match(
+        r"endpoints\.accuracy\.measure: .*'acc'.*\bauc_mean\b",
+        fault(lambda d: d["endpoints"]["accuracy"].update(measure="acc")),
     )
-    assert fault(lambda d: d["verdict"]["supports_if_all"][0].update(reading=["above"])).startswith(
-        "verdict.supports_if_all[0].reading: expected a list of above 0"
+    assert re.match(
+        r"verdict\.supports_if_all\[0\]\.reading: .*\babove 0\b.*\['above'\]",
+        fault(lambda d: d["verdict"]["supports_if_all"][0].update(reading=["above"])),
     )
-    assert fault(lambda d: d["verdict"]["contradicts_if_any"][1].update(endpoint="speed")).startswith(
-        "verdict.contradicts_if_any[1]: expected {endpoint: one of accuracy, calibration, stability"
+    assert re.match(
+        r"verdict\.contradicts_if_any\[1\]: .*\bendpoint\b.*\baccuracy, calibration, stability\b",
+        fault(lambda d: d["verdict"]["contradicts_if_any"][1].update(endpoint="speed")),
     )
-    assert fault(lambda d: d.update(methods=["grpo"])).startswith("methods: expected a list of two or more")
-    assert fault(lambda d: d.update(level=1.0)) == "level: expected a coverage in (0, 1), got 1.0"
-    assert fault(lambda d: d.update(seeds=[3, 3])).startswith("seeds: expected a list of distinct integers")
-    assert fault(lambda d: d.update(seeds=[True])).startswith("seeds: expected a list of distinct integers")
-    assert fault(lambda d: d.update(methods=["grpo", "grpo"])).startswith("methods: a method is listed twice")
-    assert fault(lambda d: d["endpoints"]["calibration"].update(measure=["auc_mean"])).startswith(
-        "endpoints.calibration.measure: ['auc_mean'] is not one of"
+    assert re.match(r"methods: .*\btwo or more\b.*\['grpo'\]", fault(lambda d: d.update(methods=["grpo"])))
+    assert re.match(r"level: .*\(0, 1\).*\b1\.0\b", fault(lambda d: d.update(level=1.0)))
+    assert re.match(r"seeds: .*\bdistinct integers\b.*\[3, 3\]", fault(lambda d: d.update(seeds=[3, 3])))
+    assert re.match(r"seeds: .*\bdistinct integers\b.*\[True\]", fault(lambda d: d.update(seeds=[True])))
+    assert re.match(r"methods: .*\btwice\b.*\['grpo', 'grpo'\]", fault(lambda d: d.update(methods=["grpo", "grpo"])))
+    assert re.match(
+        r"endpoints\.calibration\.measure: \['auc_mean'\].*\bauc_mean\b",
+        fault(lambda d: d["endpoints"]["calibration"].update(measure=["auc_mean"])),
     )
-    assert fault(lambda d: d["endpoints"]["calibration"].update(above="{margin} better")).startswith(
-        "endpoints.calibration.above: '{margin} better': only {m} and {base} may stand in braces"
+    assert re.match(
+        r"endpoints\.calibration\.above: '\{margin\} better'.*\{m\} and \{base\}",
+        fault(lambda d: d["endpoints"]["calibration"].update(above="{margin} better")),
     )
     with pytest.raises(PlanError, match="cannot be read"):
         load_plan(tmp_path / "missing.yaml")
@@ -1008,7 +1016,7 @@ def test_a_shared_step0_pass_is_copied_marked_and_left_out_of_the_agreement(tmp_
         path.parent.mkdir(parents=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     seed1 = tmp_path / "seed1"
-    with pytest.raises(RuntimeError, match="no step-0 validation pass to share"):
+    with pytest.raises(RuntimeError, match=r"\bseed2/grpo/val_generations/.*\bstep-0\b.*\bshare\b"):
         share_step0(tmp_path / "seed2" / "grpo", tmp_path / "seed2" / "capo")
     target = share_step0(seed1 / "grpo", seed1 / "capo")
     source = seed1 / "grpo" / "val_generations" / "0.jsonl"
@@ -1016,7 +1024,7 @@ def test_a_shared_step0_pass_is_copied_marked_and_left_out_of_the_agreement(tmp_
     record = json.loads((target.parent / SHARED_STEP0).read_text())
     assert record == {"from": "grpo/val_generations/0.jsonl", "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
     assert share_step0(seed1 / "grpo", seed1 / "capo") == target  # done: nothing to do
-    with pytest.raises(RuntimeError, match="the run validated step 0 itself"):
+    with pytest.raises(RuntimeError, match=r"\bseed0/capo/val_generations/.*\bstep 0\b.*\bseed0/grpo/val_generations/"):
         share_step0(tmp_path / "seed0" / "grpo", tmp_path / "seed0" / "capo")
     assert step0_agreement(tmp_path, ["grpo", "capo"], [0, 1]) == {"capo - grpo": [1.0, None]}
 

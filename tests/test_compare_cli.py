@@ -201,20 +201,20 @@ def test_a_folder_compare_did_not_make_is_refused_and_left_untouched(tmp_path):
     before = snapshot(user)
 
     message = refusal(run_cli(*base_args(tmp_path, user), cwd=tmp_path))
-    assert f"--out {user} is not empty and was not made by capo-verl compare (no {MARKER})" in message
+    assert f"--out {user} " in message and "not empty" in message and MARKER in message
     assert "--reuse-out" in message
     assert snapshot(user) == before
 
     # --reuse-out adopts the folder, but never a method folder compare did not make: still refused, untouched
     message = refusal(run_cli(*base_args(tmp_path, user, "--reuse-out"), cwd=tmp_path))
-    assert f"{user / 'grpo'} exists and was not made by capo-verl compare (no {RUN_MARKER})" in message
+    assert f"{user / 'grpo'} exists" in message and RUN_MARKER in message
     assert snapshot(user) == before  # not even the marker: nothing is written unless every check passes
 
     # nor one holding a file compare would overwrite
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "summary.md").write_text("my summary")
     message = refusal(run_cli(*base_args(tmp_path, tmp_path / "other", "--reuse-out"), cwd=tmp_path))
-    assert "already holds summary.md, which compare would overwrite" in message
+    assert "--reuse-out" in message and "summary.md" in message and "overwrite" in message
     assert (tmp_path / "other" / "summary.md").read_text() == "my summary"
     assert not (tmp_path / "data").exists()
 
@@ -241,7 +241,7 @@ def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path, caplo
 
     # other shared settings: refused, naming the differing keys, and nothing recorded over the old results
     message = refusal(run_cli(*base_args(tmp_path, out, "--steps", "4"), cwd=tmp_path))
-    assert f"--out {out} was made by capo-verl compare with other settings (recorded -> now):" in message
+    assert f"--out {out} " in message and "other settings" in message
     assert "composed.trainer.total_training_steps: 3 -> 4" in message
     assert snapshot(out) == before and not (out / "compare.json").exists()
 
@@ -251,7 +251,7 @@ def test_finished_methods_are_reused_only_with_the_same_settings(tmp_path, caplo
     record["settings"]["composed"]["algorithm"]["norm_adv_by_std_in_grpo"] = True
     done.write_text(json.dumps(record))
     message = refusal(run_cli(*base_args(tmp_path, out), cwd=tmp_path))
-    assert f"grpo: finished in {out / 'grpo'} with other settings" in message
+    assert message.startswith("grpo: ") and f"{out / 'grpo'} " in message and "other settings" in message
     assert "composed.algorithm.norm_adv_by_std_in_grpo: True -> False" in message
     assert not (out / "compare.json").exists()
     record["settings"] = settings["grpo"]
@@ -285,7 +285,7 @@ def test_plot_only_redraws_committed_runs_with_the_requested_resamples(tmp_path)
     (out / "summary.md").write_text("the user's own summary")
     # the committed folder has no compare marker: --plot-only refuses to write its summary files there
     message = refusal(run_cli("--plot-only", "--methods", "grpo", "capo", "--out", str(out), cwd=tmp_path))
-    assert message.startswith(f"--plot-only: {out} was not made by capo-verl compare (no {MARKER})")
+    assert message.startswith(f"--plot-only: {out}") and "capo-verl compare" in message and MARKER in message
     assert "add --reuse-out" in message and (out / "summary.md").read_text() == "the user's own summary"
     proc = run_cli(
         "--plot-only", "--reuse-out", "--methods", "grpo", "capo", "--n-boot", "300", "--out", str(out), cwd=tmp_path
@@ -398,7 +398,7 @@ def test_held_out_generations_are_made_once_from_the_final_weights_and_then_need
         assert generate_heldout(run, tmp_path / "test.parquet", k=8, max_new_tokens=48) == target
         assert len(calls) == 1
         (run / "eval_done").unlink()
-        with pytest.raises(FileNotFoundError, match=r"without its held-out generations.*delete the folder"):
+        with pytest.raises(FileNotFoundError, match=r"\(eval_done\).*\bdelete the folder\b"):
             generate_heldout(run, tmp_path / "test.parquet", k=8, max_new_tokens=48)
 
 
@@ -462,8 +462,8 @@ def test_a_finished_method_without_checkpoints_needs_what_they_would_make(tmp_pa
     finished_runs(tmp_path, out, args)
     before = snapshot(out)
     message = refusal(run_cli(*args, cwd=tmp_path))
-    assert f"grpo: finished in {out / 'grpo'} without its checkpoints (ckpt/) and without its teacher-" in message
-    assert f"delete {out / 'grpo'} to train it again" in message
+    assert message.startswith("grpo: ") and "(ckpt/)" in message and "teacher-forced" in message, message
+    assert f"delete {out / 'grpo'} " in message  # the way out
     for method in ("grpo", "capo"):
         (out / method / "teacher_forced").mkdir()
         (out / method / "teacher_forced" / "scored.json").write_text('{"steps": [3]}')

@@ -119,5 +119,5 @@ def test_a_finished_run_without_checkpoints_or_scores_names_the_way_out(tmp_path
     run = tmp_path / "grpo"
     run.mkdir()
     (run / "done.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match=r"finished without its checkpoints.*delete the folder to train it"):
+    with pytest.raises(FileNotFoundError, match=r"grpo\b.*\bckpt/.*delete the folder"):
         TF.score_run(run, tmp_path / "teacher_forced", tmp_path / "val.parquet", tokenizer=tmp_path)

@@ -189,7 +189,7 @@ def test_bad_config(cfg, match):
 def test_bad_reward_threshold_stops_before_any_tensor_work(constant_batch):
     """A non-numeric threshold used to fail inside the tensor comparison with a bare TypeError."""
     r, m, lp = constant_batch([-0.1, -0.2], [1, 0])
-    with pytest.raises(ValueError, match="algorithm.capo.reward_threshold must be a finite number, got 'high'"):
+    with pytest.raises(ValueError, match=r"algorithm\.capo\.reward_threshold\b.*'high'"):
         capo(r, m, ["q", "q"], lp, reward_threshold="high")
 
 

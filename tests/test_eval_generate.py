@@ -248,16 +248,17 @@ def test_there_is_no_backend_option(tmp_path, capsys):
 
     args = ["generate", "--model", "smollm2", "--benchmarks", "gsm8k", "--backend", "hf", "--out", str(tmp_path / "g")]
     assert main(args) == 2
-    assert capsys.readouterr().err == "capo-verl eval generate: error: unrecognized arguments: --backend hf\n"
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("capo-verl eval generate: error: ") and "--backend hf" in line
 
 
 def test_device_and_gguf_errors(tmp_path):
-    with pytest.raises(ValueError, match="--device 'cuda:1': use auto, cpu or cuda"):
+    with pytest.raises(ValueError, match=r"--device 'cuda:1'.*\bauto, cpu or cuda\b"):
         V.vllm_device("cuda:1")
     found = V.vllm_device()
     assert found in ("cpu", "cuda") and V.vllm_device(found) == found
     other = {"cpu": "cuda", "cuda": "cpu"}[found]
-    with pytest.raises(ValueError, match=f"--device {other}, but the installed vLLM .* runs on {found}"):
+    with pytest.raises(ValueError, match=rf"--device {other}\b.*\b{found}\b.*\bpip install\b"):
         V.vllm_device(other)
     # the bundled SmolLM2 GGUF resolves to its converted checkpoint folder; other GGUF files are refused
     from capo_verl.cpu import models
@@ -265,7 +266,7 @@ def test_device_and_gguf_errors(tmp_path):
     assert V.resolve_model(str(models.gguf_path())) == V.resolve_model("smollm2")
     assert V.resolve_model(str(models.gguf_path().parent), models.GGUF_FILE) == V.resolve_model("smollm2")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="vLLM loads Hugging Face checkpoint folders .* not GGUF files"):
+    with pytest.raises(ValueError, match=r"\bm\.gguf: .*\bGGUF\b.*--model smollm2\b"):
         V.resolve_model(str(tmp_path / "m.gguf"))
     assert V.resolve_model("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
 
@@ -317,7 +318,7 @@ def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
         )
     meta = json.loads((tmp_path / "gen.jsonl.meta.json").read_text())
     (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps({**meta, "backend": "hf"}))  # a file of the old sampler
-    with pytest.raises(ValueError, match="backend: file has 'hf', asked 'vllm'"):
+    with pytest.raises(ValueError, match=r"\bbackend: .*'hf'.*'vllm'"):
         G.generate(
             problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
         )
@@ -325,7 +326,7 @@ def test_resume_refuses_other_settings_and_foreign_files(tmp_path):
     for old_dtype in ({"dtype": "bfloat16"}, {}):
         stored = {key: v for key, v in meta.items() if key != "dtype"} | old_dtype
         (tmp_path / "gen.jsonl.meta.json").write_text(json.dumps(stored))
-        with pytest.raises(ValueError, match=f"dtype: file has {old_dtype.get('dtype')!r}, asked 'float32'"):
+        with pytest.raises(ValueError, match=rf"\bdtype: .*{old_dtype.get('dtype')!r}.*'float32'"):
             G.generate(
                 problems, backend, SA.SamplingSettings(k=2, max_new_tokens=4), out, scorer=digit_scorer, progress=False
             )
@@ -360,7 +361,7 @@ def test_problem_loading(tmp_path):
         P.load_problems([], [])
     with pytest.raises(ValueError, match="limit must be >= 1"):
         P.load_problems([path], limit=0)
-    with pytest.raises(ValueError, match="k \\(samples per problem\\) must be >= 1"):
+    with pytest.raises(ValueError, match=r"^k\b.*>= 1\b.*\b0$"):
         SA.SamplingSettings(k=0)
 
 
@@ -391,7 +392,7 @@ def test_cpu_backend_refuses_what_would_bypass_or_break_the_seeded_sampler(monke
     if V.vllm_device("auto") != "cpu":
         pytest.skip("CPU only")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    with pytest.raises(RuntimeError, match=r"VLLM_ENABLE_V1_MULTIPROCESSING='1': .*unset it or export 0"):
+    with pytest.raises(RuntimeError, match=r"VLLM_ENABLE_V1_MULTIPROCESSING='1'.*\bunset it or export 0\b"):
         V.load_cpu_sampler()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     V.load_cpu_sampler()  # the plugin's forward_cpu is vLLM's sampler now

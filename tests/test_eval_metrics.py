@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -122,14 +123,12 @@ def test_pass_at_k_large_n_stays_accurate():
 
 
 def test_pass_at_k_errors_and_empty():
-    with pytest.raises(
-        ValueError, match=r"k = 3 exceeds the smallest number of responses per question, n = 2 \(question 'b'\)"
-    ):
+    with pytest.raises(ValueError, match=r"\bk = 3\b.*\bn = 2\b.*\(question 'b'\)"):
         M.pass_at_k([1, 0, 0, 1, 1], ["a", "a", "a", "b", "b"], 3)
-    with pytest.raises(ValueError, match="max_k = 5 exceeds .* n = 4"):
+    with pytest.raises(ValueError, match=r"\bmax_k = 5\b.*\bn = 4\b"):
         M.pass_at_k_curve([1, 0, 0, 1], [7] * 4, max_k=5)
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        with pytest.raises(ValueError, match=rf"\bk\b.*>= 1\b.*{re.escape(repr(bad))}$"):
             M.pass_at_k([1, 0], [0, 0], bad)
     assert M.pass_at_k([1, 0, 0, 0], [0] * 4, np.int64(2)) == (0.5, 1)
     with pytest.raises(ValueError, match="correct \\(2\\), group \\(3\\)"):

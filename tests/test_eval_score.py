@@ -155,7 +155,7 @@ def test_labels(tmp_path):
         "ckpt/a": "ckpt/a",
         "b": "ckpt/b",
     }
-    with pytest.raises(ValueError, match="--model: label 'ckpt/a' is given twice"):
+    with pytest.raises(ValueError, match=r"^--model: .*'ckpt/a'.*\btwice\b.*\bLABEL=PATH\b"):
         S.parse_labelled(["ckpt/a", "ckpt/a"], what="--model", default_label=str)
     with pytest.raises(ValueError, match="bad --model spec 'b='"):
         S.parse_labelled(["b="], what="--model", default_label=str)
@@ -217,10 +217,10 @@ def test_values_that_are_accepted(tmp_path):
 def test_malformed_lines(tmp_path):
     with pytest.raises(FileNotFoundError, match="capo-verl eval generate"):
         S.read_generations(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match="is a folder; pass a generation .jsonl file"):
+    with pytest.raises(ValueError, match=r"\bfolder\b.*\.jsonl\b.*\bcapo-verl eval generate\b"):
         S.read_generations(tmp_path)
     bad = write(tmp_path / "bad.jsonl", [GOOD, {"data_source": "A", "question_id": 1}])
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: missing field\(s\) \['sample_index', 'response', 'answer'"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: .*\bmissing\b.*\['sample_index', 'response', 'answer'"):
         S.read_generations(bad)
     (tmp_path / "text.jsonl").write_text(json.dumps(GOOD) + "\nhello\n")
     with pytest.raises(ValueError, match="text.jsonl:2: not a JSON line"):
@@ -244,8 +244,7 @@ def test_duplicate_response_names_both_lines(tmp_path):
     path = write(tmp_path / "dup.jsonl", lines + [rec("A", 1, "1", True, -0.3), {**lines[1], "question_id": "0"}])
     with pytest.raises(
         ValueError,
-        match=r"dup.jsonl:4: duplicate response: data_source 'A', question_id '0', "
-        r"sample_index 1 is already on line 2 \(the same run appended twice\?\)",
+        match=r"dup\.jsonl:4: .*\bduplicate\b.*\bdata_source 'A', question_id '0', sample_index 1\b.*\bline 2\b",
     ):
         S.read_generations(path)
 
@@ -258,9 +257,8 @@ def test_mixed_k_names_the_odd_question(tmp_path):
     path = write(tmp_path / "mixed.jsonl", lines)
     with pytest.raises(
         ValueError,
-        match=r"mixed.jsonl:1: data_source 'A', question_id '0' has 2 response\(s\), but "
-        r"other questions have 3 \(responses per question in this file: 3 for 2 "
-        r"question\(s\), 2 for 1 question\(s\)\); a file holds one run",
+        match=r"mixed\.jsonl:1: data_source 'A', question_id '0'.*\b2 response\(s\).*\b3\b"
+        r".*\b3 for 2 question\(s\), 2 for 1 question\(s\)",
     ):
         S.read_generations(path)
     # the same across data sources: gsm8k at k=2 appended to math500 at k=4
@@ -269,7 +267,7 @@ def test_mixed_k_names_the_odd_question(tmp_path):
         + [rec("math500", 1, "1", True, -0.1)] * 4
         + [rec("gsm8k", 0, "1", True, -0.1)] * 2
     )
-    with pytest.raises(ValueError, match=r"mixed.jsonl:9: data_source 'gsm8k', question_id '0' has 2 response"):
+    with pytest.raises(ValueError, match=r"mixed\.jsonl:9: data_source 'gsm8k', question_id '0'.*\b2 response"):
         S.read_generations(write(path, lines))
 
 

@@ -78,7 +78,7 @@ def test_json_errors_name_the_file_and_the_line(tmp_path, monkeypatch):
 
 def test_a_benchmark_file_error_names_its_line(tmp_path):
     (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n[1, 2]\n')
-    with pytest.raises(ValueError, match="row 1 of .*gsm8k_test.jsonl is a JSON list, not an object"):
+    with pytest.raises(ValueError, match=r"\bgsm8k\b.*\brow 1\b.*gsm8k_test\.jsonl\b.*\blist\b"):
         data.load_benchmark("gsm8k", tmp_path)
     (tmp_path / "gsm8k_test.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": \n')
     with pytest.raises(inputs.BadDataLine, match="gsm8k_test.jsonl:2: not a JSON line"):

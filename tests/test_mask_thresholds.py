@@ -60,7 +60,7 @@ def test_bootstrap_resamples_questions_and_is_seeded():
 
 
 def test_unknown_rule_is_refused():
-    with pytest.raises(ValueError, match="rule='median': expected one of per-outcome, whole"):
+    with pytest.raises(ValueError, match=r"rule='median'.*\bper-outcome, whole\b"):
         MT.thresholds(PPL, CORRECT, "median")
 
 
@@ -164,7 +164,8 @@ def test_a_pool_without_a_correct_response_is_refused(setup, tmp_path, capsys):
         ]
     )
     assert code == 2
-    assert "0 of 1 responses are correct; the quartile rule needs correct and incorrect" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "0 of 1 " in err and "quartile" in err and "incorrect" in err, err
 
 
 def test_smollm2_configs_hold_the_committed_thresholds():

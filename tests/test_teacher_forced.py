@@ -235,4 +235,5 @@ def test_capo_verl_eval_mounts_teacher_forced(tmp_path, capsys):
         == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("capo-verl eval teacher-forced: error: no such pool file")
+    assert len(err) == 1 and err[0].startswith("capo-verl eval teacher-forced: error: "), err
+    assert "pool file" in err[0] and "none.jsonl" in err[0] and "capo-verl eval generate" in err[0]

