@@ -124,6 +124,7 @@ def _watch_run_ppo(main_ppo: ModuleType) -> None:
             return original(config, *args, **kwargs)
         finally:
             watch.stop.set()
+            watch.thread.join(timeout=30)  # no look at Ray once run_ppo has returned (the caller may shut Ray down)
 
     main_ppo.run_ppo = run_ppo
 
