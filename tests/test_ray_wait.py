@@ -27,9 +27,10 @@ def test_a_wait_is_reported_after_a_minute_and_again_each_minute(monkeypatch):
 
 def test_a_real_cluster_too_small_names_the_pending_actor_and_placement_group():
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # address="local": a cluster of its own, never one another test or process started
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
 
         @ray.remote(num_cpus=1)
@@ -38,7 +39,7 @@ def test_a_real_cluster_too_small_names_the_pending_actor_and_placement_group():
                 return 1
 
         first, second = Worker.remote(), Worker.remote()
-        assert ray.get(first.ping.remote()) == 1
+        assert ray.get(first.ping.remote(), timeout=120) == 1
         group = placement_group([{"CPU": 4}])
         deadline = time.monotonic() + 30
         while len(pending := ray_wait.pending_work()) < 2 and time.monotonic() < deadline:
@@ -47,7 +48,8 @@ def test_a_real_cluster_too_small_names_the_pending_actor_and_placement_group():
         line = ray_wait.report(pending, 61.0)
         assert "waited 61 s" in line and "actor Worker" in line
         assert "{CPU: 1} in all, {CPU: 0} free" in line and "ray_kwargs.ray_init.num_cpus" in line
-        del second, group
+        ray.kill(second)  # nothing left pending when Ray shuts down
+        remove_placement_group(group)
     finally:
         ray.shutdown()
     assert ray_wait.pending_work() == {}  # no cluster, nothing pending

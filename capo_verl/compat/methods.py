@@ -246,14 +246,11 @@ SIMKO_SECTION = "actor_rollout_ref.actor.policy_loss.simko."
 def _typed_overrides() -> list[str]:
     """The Hydra overrides typed on the command line: a launch script's ``--dry-run``'s, else, in the trainer's own
     process, ``sys.argv``; empty where a config is only composed (:func:`~.run_checks.data_files_checked`)."""
-    import sys
-
     from . import run_checks
 
     if not run_checks.data_files_checked():
         return []
-    args = run_checks._EXPECTED["overrides"] if run_checks._EXPECTED["active"] else sys.argv[1:]
-    return [a for a in args if "=" in a and not a.startswith(("-", "~"))]
+    return [a for a in run_checks.command_overrides() if "=" in a and not a.startswith(("-", "~"))]
 
 
 def check_typed_keys(config, name: str | None) -> None:

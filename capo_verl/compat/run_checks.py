@@ -45,6 +45,7 @@ __all__ = [
     "Rule",
     "batch_problem",
     "check_run_config",
+    "command_overrides",
     "consistent_batch_sizes",
     "data_files_checked",
     "earlier_value",
@@ -107,12 +108,17 @@ def expected_files() -> frozenset:
     return _EXPECTED["files"]
 
 
+def command_overrides() -> list[str]:
+    """The command's Hydra overrides: a launch script's ``--dry-run``'s (:func:`launch_script_files`), else this
+    process's ``sys.argv[1:]`` (the trainer's command line where :func:`data_files_checked`)."""
+    return list(_EXPECTED["overrides"]) if _EXPECTED["active"] else sys.argv[1:]
+
+
 def earlier_value(key: str) -> str | None:
     """The value an earlier override of the command gave ``key`` when a later one replaced it (a launch script puts
     its own data paths before the user's), or None: from :func:`launch_script_files`'s overrides, else, in the
     trainer's process, its command line."""
-    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
-    values = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") == key]
+    values = [a.partition("=")[2] for a in command_overrides() if a.partition("=")[0].lstrip("+") == key]
     return values[0] if len(values) > 1 else None
 
 
@@ -161,8 +167,7 @@ def _is_number(value) -> bool:
 
 def _overridden(key: str) -> bool:
     """Whether the command line (a launch script's ``--dry-run``: its overrides; else ``sys.argv``) sets ``key``."""
-    args = _EXPECTED["overrides"] if _EXPECTED["active"] else sys.argv[1:]
-    return any(a.partition("=")[0].lstrip("+~") == key for a in args)
+    return any(a.partition("=")[0].lstrip("+~") == key for a in command_overrides())
 
 
 def _for_this_machine(key: str) -> bool:
