@@ -42,8 +42,21 @@ lay "seed$SEED/grpo"
 [ -d "$root/code/.git" ] || git clone -q "$repo" "$root/code"
 git -C "$root/code" fetch -q "$repo" main
 git -C "$root/code" reset -q --hard "$commit"
+# The venv's capo-verl metadata is this checkout's, whose entry points may name modules the pinned commit lacks
+# (vLLM loads its general plugins in every process). A dist-info with the pinned commit's own entry points, first on
+# the path, takes its place: importlib.metadata keeps the first distribution of a name.
+meta=$root/meta/capo_verl-0.1.0.dist-info
+rm -rf "$root/meta" && mkdir -p "$meta"
+printf 'Metadata-Version: 2.1\nName: capo-verl\nVersion: 0.1.0\n' > "$meta/METADATA"
+"$repo/.venv/bin/python" - "$root/code/pyproject.toml" > "$meta/entry_points.txt" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+for group, points in groups.items():
+    print(f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), "", sep="\n")
+PY
 cd "$root/code"
-export PYTHONPATH=$PWD
+export PYTHONPATH=$root/meta:$PWD
 exec "$repo/.venv/bin/python" -m capo_verl.compare --methods grpo capo_no_mask --plan "$here/plan.yaml" --share-step0 \
   --seeds "$SEED" --steps 30 --val-questions all --teacher-forced 8 --out "$out" \
   data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8 trainer.test_freq=30 trainer.save_freq=30 \
