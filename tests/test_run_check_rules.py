@@ -120,7 +120,8 @@ def test_a_bad_value_of_a_simple_rules_key_is_refused_naming_the_key(base, rule)
 
 @pytest.fixture
 def files(tmp_path):
-    """Data files for the here-only rules: a CSV, and a parquet file of 3 rows verl's dataset would read."""
+    """Files for the here-only rules: a CSV, a parquet file of 3 rows verl's dataset would read, and a model folder
+    (its config.json only) of 64 positions."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -131,6 +132,9 @@ def files(tmp_path):
         "reward_model": [{"ground_truth": "2"}] * 3,
     }
     pq.write_table(pa.table(rows), tmp_path / "three.parquet")
+    from transformers import Qwen2Config
+
+    Qwen2Config(max_position_embeddings=64).save_pretrained(tmp_path / "model")  # a config.json, no weights
     return tmp_path
 
 
@@ -168,6 +172,7 @@ OTHER = {
         Context(),
         "actor_rollout_ref.model.path=",
     ),
+    "model_fits": ({"actor_rollout_ref__model__path": "{files}/model"}, Context(), "data.max_prompt_length="),
     "data_files": ({"data__train_files": "/nonexistent/train.parquet"}, Context(), "data.train_files="),
     "data_sets": ({"data__train_files": "{files}/data.csv"}, Context(), "data.train_files="),
     "training_set": (

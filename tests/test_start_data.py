@@ -10,7 +10,9 @@ first shown with verl's own ``RLHFDataset`` (what the trainer builds), then refu
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -119,7 +121,7 @@ def test_the_data_as_given_passes_and_leaves_nothing_behind(data, tmp_path):
             ["data.max_prompt_length=4"],
             {"max_prompt_length": 4},
             r"^data\.max_prompt_length=4: 16 of 16 prompts of data\.train_files are longer \(verl's dataset drops "
-            r"them\), leaving 0 rows, fewer than data\.train_batch_size=4; set data\.max_prompt_length=1024$",
+            r"them\), leaving 0 rows, fewer than data\.train_batch_size=4; set data\.max_prompt_length=\d+$",
         ),
         (
             "strings",
@@ -174,3 +176,55 @@ def test_verl_itself_refuses_a_csv_only_when_it_builds_the_dataset(data):
 def test_an_empty_list_of_training_files_names_the_data(data, tmp_path):
     message = refusal(data, tmp_path, "data.train_files=[]")
     assert message.startswith("data.train_files=[]: ") and "set data.train_files=" in message, message
+
+
+def _positions(model: Path) -> int:
+    return json.loads((model / "config.json").read_text())["max_position_embeddings"]
+
+
+def test_the_suggested_prompt_length_is_the_smallest_that_keeps_a_batch(data, tmp_path):
+    """Of 64, 128, 256, ...: the first that leaves verl's dataset a batch of 4 (the one before it does not)."""
+    inputs, files = data
+    message = refusal(data, tmp_path, "data.max_prompt_length=4")
+    n = int(message.rsplit("data.max_prompt_length=", 1)[1])
+    assert n in (64, 128, 256, 512) and n + 48 <= _positions(inputs.model), message
+    assert verl_rows(data, files["train"], max_prompt_length=n) >= 4
+    assert n == 64 or verl_rows(data, files["train"], max_prompt_length=n // 2) < 4
+
+
+def test_no_prompt_length_is_suggested_past_the_models_positions(data, tmp_path):
+    """With 1,000 response tokens the 1,024-position model leaves prompts 24, which keeps no batch: no length is
+    suggested that the model could not hold with its responses."""
+    inputs, _ = data
+    assert _positions(inputs.model) == 1024
+    message = refusal(data, tmp_path, "data.max_prompt_length=4", "data.max_response_length=1000")
+    assert message.startswith("data.max_prompt_length=4: "), message
+    assert "; set " not in message and "1024 positions" in message and "data.max_response_length" in message, message
+
+
+def test_a_prompt_and_response_past_the_models_positions_are_refused_with_the_response_length_that_fits(data, tmp_path):
+    inputs, _ = data
+    positions = _positions(inputs.model)
+    message = refusal(data, tmp_path, "data.max_prompt_length=1000", "data.max_response_length=100")
+    assert message.startswith("data.max_prompt_length=1000 + data.max_response_length=100: 1100 tokens"), message
+    assert f"{positions} positions" in message, message
+    fix = message.rsplit("; set ", 1)[-1]
+    assert fix == f"data.max_response_length={positions - 1000}", message
+    launch.checked_config(command(data, tmp_path, "data.max_prompt_length=1000", "data.max_response_length=100", fix))
+
+
+def test_a_tokenizer_larger_than_the_models_embedding_is_refused_with_both_numbers(data, tmp_path):
+    """A model folder whose config.json has a smaller vocab_size than its tokenizer (no weights are read)."""
+    from transformers import AutoTokenizer
+
+    inputs, _ = data
+    model = tmp_path / "model"
+    shutil.copytree(inputs.model, model)
+    tokens = len(AutoTokenizer.from_pretrained(model))
+    config = json.loads((model / "config.json").read_text())
+    assert config["vocab_size"] == tokens  # the model as built passes (test_the_data_as_given_passes...)
+    config["vocab_size"] = tokens - 8
+    (model / "config.json").write_text(json.dumps(config))
+    message = refusal(data, tmp_path / "run", f"actor_rollout_ref.model.path={model}")
+    assert message.startswith(f"actor_rollout_ref.model.path={model}: "), message
+    assert f"{tokens} tokens" in message and f"{tokens - 8} (vocab_size)" in message, message

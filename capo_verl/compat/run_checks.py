@@ -962,17 +962,94 @@ def _parquet_schema_problem(path: str, prompt_key: str) -> str | None:
     return None
 
 
+def _local_model_file(config, key: str) -> str | None:
+    """The local folder ``key`` names, falling back to ``actor_rollout_ref.model.path`` when it is null (as verl's
+    ``HFModelConfig`` does for ``hf_config_path`` and ``tokenizer_path``), if it holds ``config.json``; else None
+    (a Hugging Face id is not downloaded here)."""
+    path = select(config, key)
+    if path is None or path is MISSING:
+        path = select(config, f"{_MODEL}.path")
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        return None
+    return os.path.expanduser(path)
+
+
+def _trust_remote_code(config) -> bool:
+    return bool(select(config, f"{_MODEL}.trust_remote_code") is True)
+
+
 def _tokenizer(config):
     """verl's tokenizer and processor of the actor's model (``verl.utils.hf_tokenizer``, ``hf_processor``, as its
-    trainer loads them), or None when the model is not a local folder (a Hugging Face id is not downloaded here)."""
-    path = select(config, "actor_rollout_ref.model.path")
-    if not isinstance(path, str) or not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+    ``HFModelConfig`` loads them: from ``model.tokenizer_path``, else ``model.path``), or None when that is not a
+    local folder."""
+    local = _local_model_file(config, f"{_MODEL}.tokenizer_path")
+    if local is None:
         return None
     from verl.utils import hf_processor, hf_tokenizer
 
-    trust = bool(select(config, "actor_rollout_ref.model.trust_remote_code") is True)
-    local = os.path.expanduser(path)
+    trust = _trust_remote_code(config)
     return hf_tokenizer(local, trust_remote_code=trust), hf_processor(local, trust_remote_code=trust, use_fast=True)
+
+
+def _model_positions(config) -> int | None:
+    """The positions of the actor's model as verl's rollout reads them (``get_max_position_embeddings`` of the
+    ``hf_config`` from ``model.hf_config_path``, else ``model.path``, with ``model.override_config`` applied, as in
+    verl's ``HFModelConfig``), or None when the model is not a local folder or its config has no such field."""
+    local = _local_model_file(config, f"{_MODEL}.hf_config_path")
+    if local is None:
+        return None
+    from omegaconf import OmegaConf
+    from transformers import AutoConfig
+    from verl.utils.model import update_model_config
+    from verl.workers.rollout.utils import get_max_position_embeddings
+
+    hf_config = AutoConfig.from_pretrained(local, trust_remote_code=_trust_remote_code(config))
+    overrides = select(config, f"{_MODEL}.override_config")
+    overrides = OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else {}
+    update_model_config(hf_config, override_config_kwargs=overrides.get("model_config", overrides))
+    try:
+        return get_max_position_embeddings(hf_config)
+    except ValueError:
+        return None
+
+
+def _model_fits(config, ctx: Context) -> Refusal | None:
+    """The actor's model (a local folder) holds a prompt and its response (``data.max_prompt_length`` +
+    ``data.max_response_length`` <= its positions), and its tokenizer's ids index its embedding (``len(tokenizer)``
+    <= ``vocab_size``)."""
+    prompt, response = (_int_or_none(select(config, f"data.{k}")) for k in ("max_prompt_length", "max_response_length"))
+    positions = _model_positions(config)
+    if positions is not None and prompt and response and prompt + response > positions:
+        fix = (
+            override(config, "data.max_response_length", positions - prompt)
+            if positions > prompt
+            else override(config, "data.max_prompt_length", positions - response)
+            if positions > response
+            else None
+        )
+        return Refusal(
+            f"data.max_prompt_length={prompt} + data.max_response_length={response}",
+            f"{prompt + response} tokens, more than the {positions} positions of the model "
+            f"({_MODEL}.path, max_position_embeddings); verl's rollout cuts the responses to the positions left "
+            "after each prompt without a word",
+            f"set {fix}" if fix else "use a model with more positions",
+        )
+    local = _local_model_file(config, f"{_MODEL}.hf_config_path")
+    tokens = _tokenizer(config) if local is not None else None
+    if tokens is not None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(local, trust_remote_code=_trust_remote_code(config))
+        vocab = getattr(hf_config.get_text_config(), "vocab_size", None)
+        if isinstance(vocab, int) and len(tokens[0]) > vocab:
+            key = f"{_MODEL}.tokenizer_path" if select(config, f"{_MODEL}.tokenizer_path") else f"{_MODEL}.path"
+            return Refusal(
+                f"{key}={format_value(select(config, key))}",
+                f"its tokenizer has {len(tokens[0])} tokens, the model's embedding {vocab} (vocab_size): the ids "
+                f"from {vocab} on index past it, and the first forward pass fails inside Ray",
+                "use the tokenizer the model was trained with",
+            )
+    return None
 
 
 @contextlib.contextmanager
@@ -1045,19 +1122,34 @@ def _kept_refusal(config, key: str, paths: list[str], total: int, need: int, tok
             f"string) and drops them, leaving {kept} rows, fewer than {unit}",
             _data_fix(key),
         )
+    # the length to suggest: the earlier value of the command, else the first of a doubling series, that keeps
+    # enough rows and leaves the responses room in the model's positions (the model_fits rule)
+    positions, response = _model_positions(config), _int_or_none(select(config, "data.max_response_length")) or 0
+    room = positions - response if positions is not None else None
     fix = next(
         (
             n
-            for n in (int(earlier_value("data.max_prompt_length") or 0), 1024, 2048, 4096, 8192)
-            if n > length and _kept_rows(paths, rows, config, tokens, is_train, folder, max_prompt_length=n)[1] >= need
+            for n in (int(earlier_value("data.max_prompt_length") or 0), *(2**k for k in range(6, 14)))
+            if n > length
+            and (room is None or n <= room)
+            and _kept_rows(paths, rows, config, tokens, is_train, folder, max_prompt_length=n)[1] >= need
         ),
         None,
     )
+    if fix:
+        fix = f"set {override(config, 'data.max_prompt_length', fix)}"
+    elif room is not None:
+        fix = (
+            f"use shorter prompts, or a shorter data.max_response_length: the model's {positions} positions hold "
+            f"a prompt and its response; {_data_fix(key)}"
+        )
+    else:
+        fix = f"use shorter prompts; {_data_fix(key)}"
     return Refusal(
         f"data.max_prompt_length={length}",
         f"{read - kept} of {read} prompts of {key} are longer (verl's dataset drops them), leaving {kept} rows, fewer "
         f"than {unit}",
-        f"set {override(config, 'data.max_prompt_length', fix)}" if fix else f"use shorter prompts; {_data_fix(key)}",
+        fix,
     )
 
 
@@ -1224,6 +1316,7 @@ def _needs_reference(config) -> bool:
 
 
 # --- the rules --------------------------------------------------------------------------------------------------
+_MODEL = "actor_rollout_ref.model"
 _ACTOR = "actor_rollout_ref.actor"
 _ROLLOUT = "actor_rollout_ref.rollout"
 _INT_WHY = "a traceback (`ZeroDivisionError`) or a verl assert without a fix"
@@ -1478,6 +1571,24 @@ RULES: tuple[Rule, ...] = (
         "fails after Ray and its workers started",
         _model_path,
         here_only=True,
+    ),
+    Rule(
+        "model_fits",
+        (
+            f"{_MODEL}.path",
+            f"{_MODEL}.hf_config_path",
+            f"{_MODEL}.tokenizer_path",
+            "data.max_prompt_length",
+            "data.max_response_length",
+        ),
+        "with a local model folder (its `config.json` and tokenizer, no weights): `data.max_prompt_length` + "
+        "`data.max_response_length` over its `max_position_embeddings` (the fix: the response length that fits); a "
+        "tokenizer with more tokens than its `vocab_size`",
+        "verl's rollout cuts every response to the positions left after its prompt without a word; a token id past "
+        "the embedding fails the first forward pass inside Ray",
+        _model_fits,
+        here_only=True,
+        checked="the actor's model against the lengths and its tokenizer",
     ),
     Rule(
         "data_files",
