@@ -118,6 +118,47 @@ def test_the_start_says_what_the_method_will_do(e2e_inputs, tmp_path, caplog):
     assert lines["val-calib"].startswith("off (") and "val_kwargs.n=1" in lines["val-calib"]
     assert "val_kwargs.do_sample=true" in lines["val-calib"]
     assert lines["dtype"].startswith("rollout ")
+    # CapoConfig's default thresholds are the paper's, measured on Qwen2.5-Math, not on this reference model
+    folder = Path(e2e_inputs.model).name
+    assert "measured on qwen2.5-math" in lines["mask thresholds"] and folder in lines["mask thresholds"]
+    assert "capo-verl mask-thresholds --model" in lines["mask thresholds"]
+    [warning] = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "measured on" in r.getMessage()
+    ]
+    assert lines["mask thresholds"] in warning
+
+
+@pytest.mark.parametrize(
+    "model, low, high, use_mask, warns",
+    [
+        ("Qwen/Qwen2.5-Math-1.5B", 1.05, 2.5, True, None),  # the paper's pair on its model family
+        ("/models/Qwen2.5-Math-7B/", 1.05, 2.5, True, None),
+        ("~/.cache/capo-verl/SmolLM2-135M-Instruct", 3.97, 6.43, True, None),  # the CPU configs' own pair
+        ("~/.cache/capo-verl/SmolLM2-135M-Instruct", 1.05, 2.5, True, "qwen2.5-math"),  # the paper's on SmolLM2
+        ("Qwen/Qwen2.5-Math-1.5B", 3.97, 6.43, True, "smollm2-135m-instruct"),
+        ("~/.cache/capo-verl/SmolLM2-135M-Instruct", 1.05, 2.5, False, None),  # no mask, no window
+        ("~/.cache/capo-verl/SmolLM2-135M-Instruct", 3.0, 5.0, True, None),  # a pair of the user's own
+    ],
+)
+def test_mask_thresholds_of_another_model_are_named(model, low, high, use_mask, warns):
+    from omegaconf import OmegaConf
+
+    from capo_verl.compat.start_report import thresholds_warning
+
+    cfg = OmegaConf.create(
+        {
+            "algorithm": {"capo": {"ref_low": low, "ref_high": high, "use_mask": use_mask}},
+            "actor_rollout_ref": {"model": {"path": model}},
+        }
+    )
+    got = thresholds_warning(cfg, "capo")
+    assert got == thresholds_warning(cfg, "grpo_mask")  # grpo_mask reads the same section
+    assert thresholds_warning(cfg, "grpo") is None
+    if warns is None:
+        assert got is None
+    else:
+        folder = Path(model).name
+        assert f"measured on {warns}" in got and f"reference model is {folder}" in got, got
 
 
 def test_val_calib_true_with_verls_validation_is_refused_and_the_fix_works_pasted(e2e_inputs, tmp_path):

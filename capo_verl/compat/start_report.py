@@ -11,6 +11,8 @@ record on the ``capo_verl`` logger:
   reward (``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl.kl_coef``), on or off; with CAPO and a KL loss,
   that the paper's CAPO trains without it and the key that turns it off;
 - the reference pass (verl's ``need_reference_policy``, with capo-verl's gate);
+- with the noise mask on, the model its thresholds were measured on (:func:`thresholds_warning`), logged again as a
+  WARNING when it is not the run's reference model;
 - ``val-calib/*`` on or off and why (:func:`capo_verl.compat.validation.val_calib_mode`);
 - the compute dtype of the rollout, the actor and the reference.
 """
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
+from capo_verl.estimators.capo import COMMITTED_THRESHOLDS, CapoConfig
 from capo_verl.estimators.registry import ESTIMATORS
 
 from .run_checks import MISSING, format_value, select
@@ -91,6 +95,34 @@ def _reference_line(config, name: str, use_reference_policy: bool) -> str:
     return f"reference pass: on, ref_log_prob each step ({'; '.join(why) or 'verl asked for it'})"
 
 
+def thresholds_warning(config, name: str) -> str | None:
+    """With the noise mask on (``algorithm.capo.use_mask``, estimators reading ``algorithm.capo``): the warning when
+    ``[ref_low, ref_high]`` are the pair measured on another model than the reference (``actor_rollout_ref.model.path``,
+    whose folder name does not contain the model of :data:`~capo_verl.estimators.capo.COMMITTED_THRESHOLDS`, case
+    ignored), else None. Thresholds of no committed model (e.g. the user's own, from ``capo-verl mask-thresholds``)
+    are not questioned.
+
+    A perplexity window is the reference model's: the paper's [1.05, 2.5] (Qwen2.5-Math) on SmolLM2-135M, whose
+    quartiles are [3.97, 6.43], would mask most of its incorrect responses and few correct ones."""
+    spec = ESTIMATORS.get(name)
+    if spec is None or spec.section != "capo":
+        return None
+    capo = CapoConfig.from_algorithm_config(select(config, "algorithm"))
+    measured_on = next((m for m, pair in COMMITTED_THRESHOLDS.items() if pair == (capo.ref_low, capo.ref_high)), None)
+    path = select(config, "actor_rollout_ref.model.path")
+    if not capo.use_mask or measured_on is None or not isinstance(path, str):
+        return None
+    folder = os.path.basename(os.path.normpath(os.path.expanduser(path)))
+    if measured_on in folder.lower():
+        return None
+    return (
+        f"algorithm.capo.ref_low={capo.ref_low:g}, ref_high={capo.ref_high:g} are the thresholds measured on "
+        f"{measured_on}, and the reference model is {folder} (actor_rollout_ref.model.path): a perplexity window is "
+        "its model's; measure this one's with `capo-verl mask-thresholds --model <actor_rollout_ref.model.path> "
+        "--data <training parquet> --out thresholds.json` and paste its overrides"
+    )
+
+
 def _val_calib_line(config) -> str:
     if select(config, "data.val_files") in (MISSING, None, ""):
         return "val-calib: off (no data.val_files: no validation)"
@@ -126,6 +158,7 @@ def start_report(config, use_reference_policy: bool) -> str:
         _estimator_line(config, name),
         *kl_lines(config, name),
         _reference_line(config, name, use_reference_policy),
+        *([f"mask thresholds: {warning}"] if (warning := thresholds_warning(config, name)) else []),
         _val_calib_line(config),
         _dtype_line(config),
     ]
@@ -138,3 +171,6 @@ def log_start_report(config, use_reference_policy: bool) -> None:
     if select(config, "algorithm.adv_estimator") is MISSING or select(config, "actor_rollout_ref.actor") is MISSING:
         return
     logger.info("%s", start_report(config, use_reference_policy))
+    warning = thresholds_warning(config, format_value(select(config, "algorithm.adv_estimator")))
+    if warning:
+        logger.warning("capo-verl: %s", warning)
