@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
 
 from capo_verl import commands
@@ -62,5 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 
 
+def run() -> None:
+    """The ``capo-verl`` console script (pyproject.toml) and ``python -m capo_verl.cli``: :func:`main`, then the exit.
+
+    A process that loaded Triton (vLLM imports it through xgrammar, also on a CPU) exits without the interpreter's
+    teardown of its modules, after every ``atexit`` handler ran and the output was flushed: in that teardown,
+    Triton's nanobind extension printed about 30 lines of "leaked instances / types / functions" for objects Triton
+    keeps in module globals, harmless with the process ending. Any other process exits as usual. An exception
+    raised by the command propagates as usual (its traceback printed).
+    """
+    status = main()
+    if "triton._C.libtriton" in sys.modules:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -400,3 +400,19 @@ def test_cpu_backend_refuses_what_would_bypass_or_break_the_seeded_sampler(monke
         V.VLLMBackend("smollm2", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="enable_chunked_prefill=True: .*leave it unset"):
         V.VLLMBackend("smollm2", enable_chunked_prefill=True)
+
+
+def test_the_command_ends_without_tritons_teardown_lines(e2e_inputs, tmp_path, run_capo_verl):
+    """vLLM loads Triton (through xgrammar, on a CPU too); in the interpreter's teardown its nanobind extension
+    printed ~30 lines of leaked instances, types and functions. ``capo_verl.cli.run`` ends such a process after its
+    atexit handlers, without that teardown: the handlers still run (the CPU port's count of the harmless warnings is
+    printed by one) and the output is whole."""
+    out = tmp_path / "g.jsonl"
+    proc = run_capo_verl(
+        "eval", "generate", "--model", e2e_inputs.model, "--data", e2e_inputs.val, "--limit", "1", "-k", "1",
+        "--max-new-tokens", "2", "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(out.read_text().splitlines()) == 1
+    assert "nanobind" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr[-3000:]
+    assert "warnings known to be harmless on a CPU not shown" in proc.stderr, proc.stderr[-3000:]
