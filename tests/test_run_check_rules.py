@@ -141,6 +141,7 @@ def files(tmp_path):
 #: rule name -> (the config's changes, Context, the refusal's subject starts with)
 OTHER = {
     "top_level_keys": ({"adv_estimator": "capo"}, Context(), "adv_estimator"),
+    "unread_new_keys": ({"+actor_rollout_ref__ref__enable": False}, Context(), "+actor_rollout_ref.ref.enable="),
     "mini_batch_larger": (
         {"actor_rollout_ref__actor__use_dynamic_bsz": False, "actor_rollout_ref__actor__ppo_mini_batch_size": 8},
         Context(),
@@ -204,8 +205,8 @@ def test_each_other_rule_refuses_naming_one_of_its_keys(base, rule, files, monke
     monkeypatch.setattr(run_checks, "_cuda_available", lambda: False)
     monkeypatch.setenv("RAY_TMPDIR", "/proc/capo-ray")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cfg = changed(base, **updates)
-    command = [f"{k.replace('__', '.')}={v}" for k, v in updates.items()]
+    cfg = changed(base, **{k.lstrip("+"): v for k, v in updates.items()})
+    command = [f"{k.replace('__', '.')}={v}" for k, v in updates.items()]  # a key with + is added by the command
     with launch_script_files((), command):  # a --dry-run whose command line sets the keys
         refusal = rule.check(cfg, ctx)
     assert refusal is not None, rule.name

@@ -112,6 +112,48 @@ ROWS = [
     (["algorithm.capo.ref_low=-1"], "algorithm.capo.ref_low", ["-1"]),
 ]
 
+#: keys added with ``+`` that nothing reads: (overrides, the line's start, what else it names, the fix's overrides)
+UNREAD = [
+    (
+        ["+actor_rollout_ref.ref.enable=false"],
+        "+actor_rollout_ref.ref.enable=false",
+        ["FSDPActorConfig", "'enable'"],
+        ["~actor_rollout_ref.ref.enable"],
+    ),
+    (
+        ["+actor_rollout_ref.actor.clip_ratio_lo=0.1"],
+        "+actor_rollout_ref.actor.clip_ratio_lo=0.1",
+        ["FSDPActorConfig", "actor_rollout_ref.actor.clip_ratio_low"],
+        ["~actor_rollout_ref.actor.clip_ratio_lo", "actor_rollout_ref.actor.clip_ratio_low=0.1"],
+    ),
+    (
+        ["+actor_rollout_ref.model.lora_rnk=8"],
+        "+actor_rollout_ref.model.lora_rnk=8",
+        ["HFModelConfig"],
+        ["~actor_rollout_ref.model.lora_rnk", "actor_rollout_ref.model.lora_rank=8"],
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides, key, parts, expected", UNREAD)
+def test_a_new_key_nothing_reads_is_refused_and_its_fix_works_when_pasted(main_job, overrides, key, parts, expected):
+    message = refusal(main_job, *overrides)
+    assert message.startswith(key) and names(message, *parts), message
+    found = message.rsplit("; ", 1)[1].rsplit("set ", 1)[1].split()  # ~key deletes the key again
+    assert found == expected, message
+    check(main_job, *overrides, *found)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32}",  # a field verl's YAML lacks
+        "+reward.custom_reward_function.reward_kwargs.timeout_s=5",  # a free-form dict of verl's config
+    ],
+)
+def test_a_new_key_that_verl_or_capo_verl_reads_passes(main_job, override):
+    check(main_job, override)
+
 
 @pytest.mark.parametrize("overrides, key, parts", ROWS)
 def test_each_mistake_is_refused_in_one_line_and_its_fix_works_when_pasted(main_job, overrides, key, parts):

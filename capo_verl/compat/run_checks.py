@@ -492,6 +492,80 @@ def _top_level_keys(config, ctx: Context) -> Refusal | None:
     return None
 
 
+#: sections and keys capo-verl reads that verl's config lacks, besides the estimators' ``algorithm.<section>``
+CAPO_KEYS = ("actor_rollout_ref.actor.policy_loss.simko", "trainer.val_calib")
+
+
+@functools.lru_cache(maxsize=1)
+def _verl_config_tree() -> dict:
+    """verl's full PPO trainer config (``verl/trainer/config/_generated_ppo_trainer.yaml``) as a plain dict."""
+    import verl
+    import yaml
+
+    path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _dataclass_fields(section) -> tuple[str, tuple[str, ...]] | None:
+    """``(class name, field names)`` of the dataclass a config section names in its ``_target_`` (verl builds those
+    sections with ``omega_conf_to_dataclass``), or None for a section without one."""
+    import dataclasses
+
+    from omegaconf import DictConfig
+
+    target = section.get("_target_") if isinstance(section, DictConfig) else None
+    if not isinstance(target, str):
+        return None
+    try:
+        from hydra.utils import get_class
+
+        cls = get_class(target)
+    except Exception:
+        return None
+    return (cls.__name__, tuple(f.name for f in dataclasses.fields(cls))) if dataclasses.is_dataclass(cls) else None
+
+
+def _unread_new_keys(config, ctx: Context) -> Refusal | None:
+    """A key a ``+`` override adds under a section verl builds as a dataclass, that neither the dataclass, verl's own
+    config nor capo-verl has: nothing reads it. Below the first section without a ``_target_`` that verl's config
+    lacks (a free-form dict such as ``engine_kwargs``, or a section verl reads key by key) nothing is checked."""
+    import difflib
+
+    from capo_verl.estimators.registry import ESTIMATORS
+
+    owned = {f"algorithm.{spec.section}" for spec in ESTIMATORS.values()} | set(CAPO_KEYS)
+    args = command_overrides()
+    deleted = {a[1:].partition("=")[0] for a in args if a.startswith("~")}  # ``~key``: the key is gone again
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if not eq or not name.startswith("+") or name.startswith("++") or name[1:] in deleted:
+            continue
+        parts = name[1:].split(".")
+        verl_node = _verl_config_tree().get(parts[0])
+        for i in range(1, len(parts)):
+            parent, part = ".".join(parts[:i]), parts[i]
+            if f"{parent}.{part}" in owned:
+                break
+            in_verl = isinstance(verl_node, dict) and part in verl_node
+            fields = _dataclass_fields(select(config, parent))
+            if fields is not None and part not in fields[1] and not in_verl:
+                known = sorted(set(fields[1]) | set(verl_node if isinstance(verl_node, dict) else ()))
+                meant = difflib.get_close_matches(part, known, n=1)
+                return Refusal(
+                    f"{name}={value}",
+                    f"{parent} is verl's {fields[0]}, which has no {part!r}, nor has verl's config "
+                    f"{parent}.{part}: nothing reads it, and the run would go on as if it were not typed",
+                    f"the key is {parent}.{meant[0]}: set ~{name[1:]} {override(config, f'{parent}.{meant[0]}', value)}"
+                    if meant
+                    else f"remove it: set ~{name[1:]}",
+                )
+            if not in_verl and fields is None:
+                break  # a section of the user's own, or one verl reads key by key: not checked
+            verl_node = verl_node.get(part) if in_verl else None
+    return None
+
+
 # --- values verl takes at start and fails on later ---------------------------------------------------------------
 def _mini_batch_larger(config, ctx: Context) -> Refusal | None:
     """A mini-batch larger than the batch, with one consistent set of batch sizes as the fix."""
@@ -1387,6 +1461,17 @@ RULES: tuple[Rule, ...] = (
         "nothing reads it: with the GRPO config, `+adv_estimator=capo` trained GRPO",
         _top_level_keys,
         checked="new top-level keys (e.g. `+adv_estimator=capo`, Hydra's own hint for `adv_estimator=capo`)",
+    ),
+    Rule(
+        "unread_new_keys",
+        (),
+        "a key added with `+` under a section verl builds as a dataclass (its `_target_`) that neither the "
+        "dataclass, verl's config nor capo-verl has (e.g. `+actor_rollout_ref.ref.enable=false`); the message names "
+        "the key meant when one is close",
+        "nothing reads it, and the run goes on as if it were not typed",
+        _unread_new_keys,
+        here_only=True,
+        checked="the `+` overrides of the command line",
     ),
     _simple("nnodes", IntAtLeast("trainer.nnodes", 1, "the nodes of the run", 1), _INT_WHY),
     _simple(
