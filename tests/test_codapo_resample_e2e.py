@@ -92,8 +92,8 @@ def test_resampling_runs_prepare_and_apply_steps_and_resumes_with_a_prepare_step
     run = run_verl(workdir, [*RESAMPLE, f"trainer.rollout_data_dir={workdir / 'rollouts'}"])
     assert run.rc == 0, run.tail()
     # 16 training prompts, 4 a batch: 4 loader batches, 8 steps per epoch (the authors' DuplicateBatchDataLoader)
-    assert "CoDaPO resampling on (percentile 0.75, repeat_count 4)" in run.log
-    assert "apply step; 8 steps per epoch, 4 training steps" in run.log
+    assert re.search(r"CoDaPO resampling on \(.*0\.75.*repeat_count 4", run.log)
+    assert re.search(r"\b8 steps per epoch, 4 training steps", run.log)
     assert sorted(run.steps) == [1, 2, 3, 4]
     for step, metrics in run.steps.items():
         assert all(key in metrics for key in CODAPO_METRICS), (step, sorted(metrics))
