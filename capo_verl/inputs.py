@@ -208,14 +208,16 @@ def read_jsonl(path: str | os.PathLike, what: str = "data file", *, hint: str | 
     return records
 
 
-def read_json(path: str | os.PathLike, what: str = "data file", *, hint: str | None = None) -> Any:
-    """The value of a whole-file JSON document, after :func:`check_data_file`.
+def read_json(
+    path: str | os.PathLike, what: str = "data file", *, hint: str | None = None, folder_hint: str | None = None
+) -> Any:
+    """The value of a whole-file JSON document, after :func:`check_data_file` (``hint``, ``folder_hint`` as there).
 
     Raises:
         BadDataLine: not UTF-8, or not JSON: ``<file>:<line>:<column>: ...``.
         FileNotFoundError, NotADataFile, SymlinkLoop: as :func:`check_data_file`.
     """
-    path = check_data_file(path, what, hint=hint)
+    path = check_data_file(path, what, hint=hint, folder_hint=folder_hint)
     raw = Path(path).read_bytes()
     try:
         return json.loads(raw.decode("utf-8-sig"))

@@ -17,8 +17,9 @@ The rules, the same for every command:
 
 - **No output is an input.** An output that resolves (``~``, ``..`` and symlinks followed) to an input, an output
   file that already exists inside an input folder, an input at a name an output folder owns, and two outputs at one
-  path are refused (:class:`InputIsOutput`), ``--overwrite`` or not. A symlink loop among them is named as a loop
-  (:class:`SymlinkLoop`).
+  path are refused (:class:`InputIsOutput`), ``--overwrite`` or not; so is an input (or another output) that is, or
+  lies inside, a path this module itself writes or removes beside an output (:meth:`Output.machinery`: its lock,
+  staging, old-folder and journal paths). A symlink loop among them is named as a loop (:class:`SymlinkLoop`).
 - **Nothing is written before every check.** :meth:`Outputs.check` only reads; a command reads and checks all its
   inputs before :meth:`Outputs.writing`, so a command that fails at its start leaves every file as it was.
 - **One writer.** :meth:`Outputs.writing` takes a lock beside each output (``.capo-verl-lock.<name>``, an
@@ -242,6 +243,20 @@ class Output:
         """The real paths this output writes: the file, or the folder and each owned entry in it."""
         return [self.real, *(self.real / name for name in sorted(self.owns))]
 
+    def machinery(self) -> list[tuple[str, Path]]:
+        """``(what, path)`` of every path beside this output that the machinery of this module creates, replaces or
+        removes while it writes it (whatever its kind): the lock file, the staging path, the old folder's name, the
+        commit journal, and the temporary siblings :func:`write_atomic` writes the output and the journal through."""
+        journal = journal_path(self.real)
+        return [
+            ("the lock file", lock_path(self.real)),
+            ("the staging path", staging_path(self.real)),
+            ("the old-folder path", old_path(self.real)),
+            ("the commit journal", journal),
+            ("a temporary sibling", _atomic_tmp(self.real)),
+            ("a temporary sibling", _atomic_tmp(journal)),
+        ]
+
 
 @dataclass
 class _Input:
@@ -355,7 +370,9 @@ class Outputs:
     # -------------------------------------------------------------------------------------------- the checks
 
     def check(self) -> None:
-        """Refuse every output that is, or would replace, an input, and two outputs at one path; reads only.
+        """Refuse every output that is, or would replace, an input, two outputs at one path, and an input or output
+        that is, or lies inside, a path of another output's :meth:`Output.machinery` (its lock file, staging path,
+        old-folder path, commit journal); reads only.
 
         Raises:
             InputIsOutput: naming both options and paths.
@@ -373,6 +390,20 @@ class Outputs:
                         f"{out.option} {out.path} {why} {inp.option} {inp.path}{via}: writing it would destroy the "
                         f"input, with --overwrite or without; choose another {out.option}"
                     )
+        # the paths the machinery itself writes and removes beside each output: an input (or another output) there
+        # would be truncated, replaced or removed by the lock, the staging, the commit or the recovery of a commit
+        for out in self.outputs:
+            for what, path in out.machinery():
+                for option, given, real in [(i.option, i.path, i.real) for i in self.inputs] + [
+                    (o.option, o.path, o.real) for o in self.outputs if o is not out
+                ]:
+                    how = _inside_machinery(real, path)
+                    if how:
+                        raise InputIsOutput(
+                            f"{option} {given} {how} {path}, {what} of {out.option} {out.path}, which capo-verl "
+                            f"creates and removes while it writes {out.option}: it would be lost; move or rename "
+                            f"{given}, or choose another {out.option}"
+                        )
 
     # -------------------------------------------------------------------------------------------- writing
 
@@ -486,6 +517,19 @@ def _overlap(out: Output, inp: _Input) -> str | None:
             return "owns the entry that holds the input"
     if out.real.exists() and _is_under(out.real, inp.real):
         return "exists inside, and would replace part of, the input folder"
+    return None
+
+
+def _inside_machinery(real: Path, path: Path) -> str | None:
+    """How the resolved path ``real`` is, or lies inside, the machinery ``path`` (followed where it is a symlink, or
+    a hard link to ``real``), or None."""
+    for probe in dict.fromkeys((path, Path(os.path.realpath(path)))):
+        if real == probe:
+            return "is"
+        if _is_under(real, probe):
+            return "lies inside"
+    if _samefile(path, real):
+        return "is the same file as"
     return None
 
 
@@ -675,7 +719,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
         OSError: the folder cannot be written.
     """
     path = Path(path)
-    tmp = path.with_name(f"{STAGING_PREFIX}{os.getpid()}.{path.name}")
+    tmp = _atomic_tmp(path)
     try:
         tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(tmp, path)
@@ -683,3 +727,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _atomic_tmp(path: Path) -> Path:
+    """The temporary sibling :func:`write_atomic` writes ``path`` through: ``.capo-verl-new.<pid>.<name>``."""
+    return path.with_name(f"{STAGING_PREFIX}{os.getpid()}.{path.name}")

@@ -7,12 +7,51 @@ reader opens them through :func:`stored`, so that a folder of either form reads 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
+import zlib
 from pathlib import Path
 from typing import IO
 
 GZ = ".gz"
+
+#: what a damaged ``.gz`` file raises while it is read: cut short, a corrupt body, a bad header or CRC
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+class _CheckedGzipFile(gzip.GzipFile):
+    """A :class:`gzip.GzipFile` whose every read turns a damaged file's error (:data:`_GZIP_ERRORS`) into
+    :class:`capo_verl.inputs.NotADataFile` naming the file and the fix, for every reader of :func:`open_binary`."""
+
+    def _damaged(self, exc: BaseException):
+        from capo_verl.inputs import NotADataFile
+
+        what = "is cut short" if isinstance(exc, EOFError) else "has a corrupt body"
+        kind = (
+            type(exc).__name__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__name__}"
+        )
+        return NotADataFile(
+            f"{self.name}: the gzip file {what} ({kind}: {exc}); it cannot be decompressed: "
+            "restore or recompress it from the original file"
+        )
+
+
+def _checked(method):
+    """``method`` of :class:`gzip.GzipFile`, raising a damaged file's error as :meth:`_CheckedGzipFile._damaged`."""
+
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except _GZIP_ERRORS as exc:
+            raise self._damaged(exc) from None
+
+    return read
+
+
+for _name in ("read", "read1", "readinto", "readinto1", "readline", "peek", "seek"):
+    setattr(_CheckedGzipFile, _name, _checked(getattr(gzip.GzipFile, _name)))
 
 
 def stored(path: str | os.PathLike) -> Path:
@@ -32,9 +71,13 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
 
     Raises:
         FileNotFoundError: neither ``path`` nor ``path.gz`` exists.
+        capo_verl.inputs.NotADataFile: while reading, a ``.gz`` file that is cut short, has a corrupt body or is
+            not gzip (the message names the file).
     """
     path = stored(path)
-    return gzip.open(path, "rb") if path.suffix == GZ else open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    if path.suffix == GZ:
+        return _CheckedGzipFile(path, "rb")
+    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -42,7 +85,7 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
     Raises:
         FileNotFoundError: neither ``path`` nor ``path.gz`` exists.
-        gzip.BadGzipFile: a ``.gz`` file that is not gzip; ``EOFError``: one cut short.
+        capo_verl.inputs.NotADataFile: a ``.gz`` file that is not gzip, is cut short or has a corrupt body.
     """
     with open_binary(path) as f:
         return f.read()
@@ -52,7 +95,7 @@ def read_text(path: str | os.PathLike) -> str:
     """The UTF-8 text of :func:`stored` ``(path)``.
 
     Raises:
-        FileNotFoundError, gzip.BadGzipFile, EOFError: as :func:`read_bytes`.
+        FileNotFoundError, capo_verl.inputs.NotADataFile: as :func:`read_bytes`.
         UnicodeDecodeError: the text is not UTF-8.
     """
     return read_bytes(path).decode("utf-8")

@@ -93,6 +93,20 @@ def test_eval_generate_refuses_to_write_over_its_problems_file_even_with_overwri
     assert tree(tmp_path) == before
 
 
+def test_eval_generate_refuses_to_write_over_a_benchmark_file_it_reads_even_with_overwrite(capsys, monkeypatch):
+    from capo_verl.evaluation import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "vllm_device", lambda *a: pytest.fail("vLLM looked up before the check"))
+    shipped = data.SHIPPED_BENCHMARKS_DIR / data.BENCHMARKS["gsm8k"].file
+    before = shipped.read_bytes()
+    for names, overwrite in ((["gsm8k"], ["--overwrite"]), (["aime24", "gsm8k"], []), (["paper", "gsm8k"], [])):
+        argv = ["generate", "--model", "smollm2", "--device", "cuda", "-k", "2", "--benchmarks", *names]
+        assert eval_cli.main([*argv, "--out", str(shipped), *overwrite]) == 2
+        line = refused(capsys, "capo-verl eval generate")
+        assert "--benchmarks" in line and str(shipped) in line, line
+    assert shipped.read_bytes() == before
+
+
 def test_eval_generate_that_fails_at_its_start_leaves_its_output_as_it_was(tmp_path, capsys, monkeypatch):
     from capo_verl.evaluation import vllm_backend
 
@@ -132,6 +146,30 @@ def test_eval_score_refuses_a_report_folder_that_owns_a_generation_file(tmp_path
         assert eval_cli.main(["score", str(gen), "--out", str(out), "--overwrite", "--no-plots"]) == 2
         assert "is the input --generations" in refused(capsys, "capo-verl eval score")
         assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["lock", "staging", "old", "journal"])
+def test_eval_score_refuses_an_input_at_a_path_its_output_machinery_writes(tmp_path, capsys, where):
+    """C1-06, C1-07: a generation file at the name of --out's lock file, or inside its staging folder, was truncated
+    or removed by the run; now it is refused before anything is written."""
+    from capo_verl import outputs
+
+    w = tmp_path / "w"
+    w.mkdir()
+    out = w / "rep"
+    spot = {
+        "lock": outputs.lock_path(out),
+        "staging": outputs.staging_path(out) / "gen.jsonl",
+        "old": outputs.old_path(out) / "gen.jsonl",
+        "journal": outputs.journal_path(out),
+    }[where]
+    spot.parent.mkdir(exist_ok=True)
+    gen = generations(spot)
+    before = tree(tmp_path)
+    assert eval_cli.main(["score", "--no-plots", str(gen), "--out", str(out)]) == 2
+    line = refused(capsys, "capo-verl eval score")
+    assert str(gen) in line and f"--out {out}" in line, line
+    assert tree(tmp_path) == before and not out.exists()
 
 
 def test_eval_score_that_fails_leaves_its_old_report_byte_identical(tmp_path, capsys, monkeypatch):

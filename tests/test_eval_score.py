@@ -419,3 +419,111 @@ def test_end_to_end_on_committed_real_generations(tmp_path):
         img = mpimg.imread(out / name)
         assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 400
         assert img[..., :3].std() > 0.05  # something is drawn
+
+
+# ------------------------------------------------------------------------------------------- damaged inputs
+
+
+def _run_cli(args, cwd):
+    """``capo-verl eval score`` as a user runs it, with a deadline (a read that blocks fails the test)."""
+    return subprocess.run(
+        [sys.executable, "-m", "capo_verl.cli", "eval", "score", "--no-plots", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def _files(folder):
+    return {p.name: (p.read_bytes() if p.is_file() else None) for p in sorted(Path(folder).iterdir())}
+
+
+@pytest.mark.parametrize("damage", ["cut short", "corrupt body", "bad crc"])
+def test_a_damaged_gzip_generation_file_is_refused_naming_it(tmp_path, capsys, damage):
+    """C6-12, C6-13: a .jsonl.gz cut short (EOFError) or with a corrupt body (zlib.error) or CRC
+    (gzip.BadGzipFile) is one refusal line naming the file, exit 2, nothing written."""
+    import gzip
+
+    whole = gzip.compress("".join(json.dumps({**GOOD, "question_id": q}) + "\n" for q in range(200)).encode(), mtime=0)
+    if damage == "cut short":
+        data = whole[: len(whole) // 2]
+    elif damage == "corrupt body":
+        data = whole[:12] + b"\xff" * 24 + whole[36:]
+    else:
+        data = whole[:-8] + bytes(b ^ 0xFF for b in whole[-8:-4]) + whole[-4:]
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data)
+    before = _files(tmp_path)
+    assert main(["score", "--no-plots", str(path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("capo-verl eval score: error: ") and str(path) in err, err
+    assert _files(tmp_path) == before
+    from capo_verl import inputs, stored
+
+    with pytest.raises(inputs.NotADataFile, match="cut.jsonl.gz"):  # every reader of stored files
+        stored.read_bytes(path)
+
+
+def test_a_whole_gzip_generation_file_still_scores(tmp_path):
+    import gzip
+
+    path = tmp_path / "g.jsonl.gz"
+    path.write_bytes(gzip.compress((json.dumps(GOOD) + "\n").encode()))
+    assert main(["score", "--no-plots", str(path), "--out", str(tmp_path / "r")]) == 0
+
+
+@pytest.mark.parametrize(
+    "meta, named",
+    [
+        ("[1, 2]", "list"),  # C6-14
+        ('{"wall_s": "12"}', "wall_s"),  # C6-15
+        ('{"k": "8"}', "k"),
+        ('{"model": ["a"]}', "model"),
+        ('{"seed": 1.5}', "seed"),
+        ('{"temperature": true}', "temperature"),
+        ('{"wall_s": NaN}', "wall_s"),
+        ('{"wall_s": 1', "meta.json"),
+        ("fifo", "meta.json"),  # C6-16: refused, not waited on
+        ("folder", "meta.json"),
+    ],
+)
+def test_a_bad_meta_file_is_refused_naming_it_and_the_field(tmp_path, meta, named):
+    gen = write(tmp_path / "g.jsonl", [GOOD])
+    mp = tmp_path / "g.jsonl.meta.json"
+    if meta == "fifo":
+        import os
+
+        os.mkfifo(mp)
+    elif meta == "folder":
+        mp.mkdir()
+    else:
+        mp.write_text(meta)
+    proc = _run_cli([str(gen), "--out", "r"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "g.jsonl.meta.json" in proc.stderr and named in proc.stderr, proc.stderr
+    assert "remove" in proc.stderr  # the fix
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_meta_file_with_the_fields_of_eval_generate_or_nulls_is_shown(tmp_path):
+    gen = write(tmp_path / "g.jsonl", [GOOD])
+    meta = {
+        "model": "smollm2",
+        "backend": "vllm",
+        "dtype": "bfloat16",
+        "k": 1,
+        "temperature": 1,
+        "top_p": 1.0,
+        "max_new_tokens": 64,
+        "seed": None,
+        "wall_s": 12.4,
+        "questions": 1,
+        "something_else": ["kept", "unread"],
+    }
+    (tmp_path / "g.jsonl.meta.json").write_text(json.dumps(meta))
+    S.score_runs({"g": gen}, tmp_path / "r", plots=False)
+    row = next(line for line in (tmp_path / "r" / "report.md").read_text().splitlines() if line.startswith("| g |"))
+    assert "smollm2" in row and "vllm" in row and "| 64 |" in row and "12 s" in row and "None" not in row

@@ -113,6 +113,71 @@ def test_what_is_not_an_input_passes(tmp_path):
     outs.check()
 
 
+@pytest.mark.parametrize("kind", ["folder", "file", "append"])
+@pytest.mark.parametrize("where", ["lock", "staging", "old", "journal", "inside staging", "inside old", "link", "hard"])
+def test_an_input_at_a_path_the_machinery_writes_or_removes_is_refused(tmp_path, kind, where):
+    w = tmp_path / "w"
+    w.mkdir()
+    target = w / ("rep" if kind == "folder" else "rep.jsonl")
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"a": 1}\n')
+    spot = {
+        "lock": outputs.lock_path(target),
+        "staging": outputs.staging_path(target),
+        "old": outputs.old_path(target),
+        "journal": outputs.journal_path(target),
+        "inside staging": outputs.staging_path(target) / "gen.jsonl",
+        "inside old": outputs.old_path(target) / "sub" / "gen.jsonl",
+        "link": outputs.lock_path(target),
+        "hard": outputs.lock_path(target),
+    }[where]
+    spot.parent.mkdir(parents=True, exist_ok=True)
+    if where == "link":  # a symlink at the lock's name: the lock would truncate the file it points to
+        spot.symlink_to(data)
+        given = data
+    elif where == "hard":  # a hard link at the lock's name: the same
+        os.link(data, spot)
+        given = data
+    else:
+        spot.write_text('{"a": 1}\n')
+        given = spot
+    outs = Outputs("test")
+    outs.input("--data", given)
+    if kind == "folder":
+        outs.folder("--out", target, owns=["m.json"])
+    elif kind == "file":
+        outs.file("--out", target)
+    else:
+        outs.append("--out", target)
+    before = tree(tmp_path)
+    with pytest.raises(InputIsOutput) as err:
+        outs.check()
+    message = str(err.value)
+    assert f"--data {given}" in message and f"--out {target}" in message, message
+    assert tree(tmp_path) == before
+
+
+def test_an_output_at_another_outputs_staging_path_is_refused(tmp_path):
+    outs = Outputs("test")
+    outs.folder("--out", tmp_path / "rep", owns=["m.json"])
+    outs.file("--lpm", outputs.staging_path(tmp_path / "rep") / "x.npy")
+    with pytest.raises(InputIsOutput, match=r"--lpm .*x\.npy .*--out .*rep"):
+        outs.check()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inputs_beside_the_machinerys_names_pass(tmp_path):
+    """Names that only look alike (another output's lock, a longer name) are not the machinery's."""
+    (tmp_path / "w").mkdir()
+    names = [".capo-verl-lock.other", ".capo-verl-new.rep2", "rep.meta.json", ".capo-verl-lock.rep.bak"]
+    for name in names:
+        (tmp_path / "w" / name).write_text("{}\n")
+    outs = Outputs("test")
+    outs.input("--data", *(tmp_path / "w" / name for name in names))
+    outs.folder("--out", tmp_path / "w" / "rep", owns=["m.json"])
+    outs.check()
+
+
 def test_a_symlink_loop_is_named_as_a_loop(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")

@@ -93,7 +93,7 @@ def dump_lines(path: str | os.PathLike) -> list[str]:
     Raises:
         FileNotFoundError: no file at ``path`` (nor at ``path.gz``).
         UnicodeDecodeError: the text is not UTF-8.
-        gzip.BadGzipFile: a ``.gz`` file that is not gzip; ``EOFError``: one cut short.
+        capo_verl.inputs.NotADataFile: a ``.gz`` file that is not gzip, is cut short or has a corrupt body.
     """
     return read_text(path).split("\n")
 

@@ -217,16 +217,17 @@ def _run_generate(args: argparse.Namespace) -> int:
     settings = G.SamplingSettings(
         k=args.k, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed
     )
-    # before vLLM loads: an --out this run may not write (the engine's dtype is compared once it is known)
-    known = {"model": args.model, **dataclasses.asdict(settings)}
-    G.check_out(args.out, args.overwrite, known)
     outs = outputs.Outputs("eval generate")  # --out is appended to (resumable): checked against the inputs, locked
     outs.input("--data", *args.data)
+    outs.input("--benchmarks", *P.benchmark_files(args.benchmarks))  # the shipped files the run reads
     if os.path.exists(os.path.expanduser(args.model)):
         outs.input("--model", args.model)
     outs.append("--out", args.out)
     outs.append("--out", G.meta_path(os.path.expanduser(args.out)), lock=False)
-    outs.check()
+    outs.check()  # first: an --out that is an input is refused as such, --overwrite or not
+    # before vLLM loads: an --out this run may not write (the engine's dtype is compared once it is known)
+    known = {"model": args.model, **dataclasses.asdict(settings)}
+    G.check_out(args.out, args.overwrite, known)
     device = V.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
     problems = P.load_problems(args.data, args.benchmarks, args.limit)
     counts: dict[str, int] = {}

@@ -129,6 +129,18 @@ def expand_benchmarks(names: Sequence[str]) -> list[str]:
     return out
 
 
+def benchmark_files(names: Sequence[str]) -> list[Path]:
+    """The shipped files that :func:`load_problems` reads for the ``benchmarks`` ``names`` (``paper`` expanded;
+    an unknown name is skipped: :func:`capo_verl.data.load_benchmark` refuses it), to declare as a command's inputs."""
+    from capo_verl import data
+
+    return [
+        Path(data.SHIPPED_BENCHMARKS_DIR) / data.BENCHMARKS[name].file
+        for name in expand_benchmarks(names)
+        if name in data.BENCHMARKS
+    ]
+
+
 def load_problems(
     data: Sequence[str | os.PathLike] = (),
     benchmarks: Sequence[str] = (),

@@ -145,7 +145,9 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Raises:
         FileNotFoundError: no such file.
         ValueError: the path is a folder, a symlink loop, not a JSON-lines file by its first bytes or a sparse file
-            (:func:`capo_verl.inputs.check_data_file`), the file is empty or not UTF-8, a line is too long
+            (:func:`capo_verl.inputs.check_data_file`), a ``.gz`` file is cut short or corrupt
+            (:class:`capo_verl.inputs.NotADataFile`, :func:`capo_verl.stored.open_binary`), the file is empty or not
+            UTF-8, a line is too long
             (:data:`capo_verl.inputs.MAX_LINE_BYTES`), or a line is not a JSON object,
             lacks a field of :data:`REQUIRED_FIELDS`, or has a value of the wrong type or range:
             ``data_source`` a non-empty string, ``question_id`` a string or finite number, ``sample_index``
@@ -346,12 +348,55 @@ def _json_safe(x):
     return x
 
 
-def _read_meta(path: str | os.PathLike) -> dict:
-    mp = Path(f"{path}.meta.json")
-    try:
-        return json.loads(mp.read_text()) if mp.exists() else {}
-    except (OSError, json.JSONDecodeError):
+#: the fields of a generation file's ``.meta.json`` that the report shows, and what each must be (a missing one, or
+#: null, is shown as "–")
+META_FIELDS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "model": ("a string", lambda v: isinstance(v, str)),
+    "backend": ("a string", lambda v: isinstance(v, str)),
+    "k": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "temperature": ("a number", _is_number),
+    "top_p": ("a number", _is_number),
+    "max_new_tokens": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "seed": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "wall_s": ("a finite number of seconds", lambda v: _is_number(v) and math.isfinite(v)),
+}
+
+
+def meta_file(path: str | os.PathLike) -> Path:
+    """The settings sidecar of a generation file: ``<path>.meta.json`` (``capo-verl eval generate`` writes it)."""
+    return Path(f"{os.path.expanduser(str(path))}.meta.json")
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The settings of generation file ``path`` from its ``.meta.json`` (:func:`meta_file`), for the report's runs
+    table; ``{}`` when there is none. The file is checked before it is read
+    (:func:`capo_verl.inputs.check_data_file`: a FIFO or a folder is refused, not waited on), must hold a JSON object,
+    and each field of :data:`META_FIELDS` it has must be of its type.
+
+    Raises:
+        capo_verl.inputs.NotADataFile, capo_verl.inputs.BadDataLine: not a regular file, or not JSON.
+        ValueError: not a JSON object, or a field of the wrong type. Every message names the file (and the field)
+            and the fix: remove the file (the report then shows no settings for the run) or regenerate it.
+    """
+    mp = meta_file(path)
+    if not os.path.lexists(mp):
         return {}
+    fix = (
+        f"remove {mp} (the report then shows no settings for this run), or regenerate it with `capo-verl eval generate`"
+    )
+    try:
+        meta = inputs.read_json(mp, "generation meta file", folder_hint=fix)
+    except (inputs.NotADataFile, inputs.BadDataLine) as e:
+        raise type(e)(f"{e}; {fix}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{mp}: a JSON {type(meta).__name__}, not an object of a run's settings; {fix}")
+    for name, (expected, ok) in META_FIELDS.items():
+        value = meta.get(name)
+        if value is not None and not ok(value):
+            raise ValueError(
+                f"{mp}: {name} is {json.dumps(value)[:80]} ({type(value).__name__}); expected {expected}; {fix}"
+            )
+    return meta
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -439,12 +484,17 @@ def write_report(
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for label in labels:
-        m = metas.get(label, {})
+        m = metas.get(label) or {}
+
+        def cell(name: str, m=m) -> str:
+            value = m.get(name)
+            return "–" if value is None else str(value)
+
         wall = m.get("wall_s")
         lines.append(
-            f"| {label} | `{files[label]}` | {m.get('model', '–')} | {m.get('backend', '–')} | "
-            f"{m.get('k', '–')} | {m.get('temperature', '–')} | {m.get('top_p', '–')} | "
-            f"{m.get('max_new_tokens', '–')} | {m.get('seed', '–')} | "
+            f"| {label} | `{files[label]}` | {cell('model')} | {cell('backend')} | "
+            f"{cell('k')} | {cell('temperature')} | {cell('top_p')} | "
+            f"{cell('max_new_tokens')} | {cell('seed')} | "
             f"{'–' if wall is None else f'{wall:.0f} s'} |"
         )
     sources = sorted({s for r in results.values() for s in r if s not in ("all", "macro_avg")})
@@ -553,7 +603,10 @@ def score_runs(
     Raises:
         ValueError: no runs, an ``out_dir`` refused by :func:`check_out_dir`, or a generation file is malformed
             (see :func:`read_generations`; every file is read and checked before anything is written).
-        capo_verl.outputs.InputIsOutput: ``out_dir`` is, or owns, a generation file.
+        capo_verl.inputs.NotADataFile, capo_verl.inputs.BadDataLine, ValueError: a generation file's ``.meta.json``
+            that is not a regular file, not a JSON object, or has a field of the wrong type (:func:`read_meta`).
+        capo_verl.outputs.InputIsOutput: ``out_dir`` is, or owns, a generation file, or a generation file lies at a
+            path the output machinery writes (:meth:`capo_verl.outputs.Output.machinery`).
         capo_verl.outputs.OutputLocked: another process writes ``out_dir``.
         FileNotFoundError: a generation file does not exist.
     """
@@ -566,6 +619,7 @@ def score_runs(
     report = outs.folder("--out", check_out_dir(out_dir, overwrite), owns=OUTPUTS)
     outs.check()
     cols = {label: read_generations(path) for label, path in runs.items()}
+    metas = {label: read_meta(path) for label, path in runs.items()}  # a bad one refused before anything is written
     results = {label: score_generations(c, levels) for label, c in cols.items()}
     with outs.writing():  # into a sibling folder, moved in whole at the end
         stage = report.stage
@@ -579,7 +633,5 @@ def score_runs(
 
             pngs.append(str(P.plot_precision_coverage(cols, stage / "precision_coverage.png")))
             pngs.append(str(P.plot_accuracy_vs_auc(results, stage / "accuracy_vs_auc.png")))
-        write_report(
-            results, {l: str(p) for l, p in runs.items()}, {l: _read_meta(p) for l, p in runs.items()}, stage, pngs
-        )
+        write_report(results, {l: str(p) for l, p in runs.items()}, metas, stage, pngs)
     return results
