@@ -16,15 +16,67 @@ import math
 
 import numpy as np
 
-__all__ = ["per_group_auc", "auc_mean", "capo_step_metrics"]
+__all__ = ["LOG_PROB_TOLERANCE", "per_group_auc", "auc_mean", "capo_step_metrics"]
+
+#: A response's mean token log-prob (nats) above this is no log-probability: 0 up to float rounding is accepted (the
+#: estimators' :func:`capo_verl.estimators.common.check_log_prob_means` and :func:`its_credit` use it).
+LOG_PROB_TOLERANCE = 1e-4
+
+
+def _real_values(fn: str, name: str, values) -> np.ndarray:
+    """``values`` as a 1-D float64 array, refusing what is not real numbers (strings, complex numbers, dates): a
+    check of the dtype, no pass over the values except to convert an object array.
+
+    Raises:
+        ValueError: naming ``fn``, ``name`` and the dtype given.
+    """
+    a = np.asarray(values)
+    if a.dtype.kind == "O":
+        try:
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
+    if a.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{fn}: {name} must hold real numbers, got dtype {a.dtype} (e.g. {a.reshape(-1)[:3].tolist()})"
+        )
+    return a.astype(np.float64, copy=False).reshape(-1)
+
+
+def _correct_values(fn: str, correct) -> np.ndarray:
+    """``correct`` as a 1-D bool array: given as bools, or as numbers that are each exactly 0 or 1 (one reduction);
+    strings, probabilities, NaN and complex numbers are refused rather than cast (``bool("no")`` and ``bool(0.3)``
+    are True).
+
+    Raises:
+        ValueError: naming ``fn``, ``correct``, the allowed values and what was given.
+    """
+    a = np.asarray(correct)
+    if a.dtype == bool:
+        return a.reshape(-1)
+    try:
+        x = _real_values(fn, "correct", a)
+    except ValueError:
+        x = None
+    if x is None:
+        given = f"dtype {a.dtype} (e.g. {a.reshape(-1)[:3].tolist()})"
+    else:
+        ok = (x == 0) | (x == 1)  # NaN fails both
+        if ok.all():
+            return x.astype(bool)
+        given = f"{int((~ok).sum())} other value(s), e.g. {x[~ok][:3].tolist()}"
+    raise ValueError(
+        f"{fn}: correct must be bool, or 0/1 numbers, one per response (1 = correct); got {given}: a probability or "
+        "a string is not cast, threshold it first (e.g. correct = reward > 0.5)"
+    )
 
 
 def per_group_auc(scores, correct, group) -> tuple[np.ndarray, np.ndarray]:
     """ROC-AUC of ``scores`` against ``correct`` inside each group, ties counted 0.5.
 
     Args:
-        scores: ``(n,)`` float confidence per response (e.g. ``lpm`` in nats); must be finite.
-        correct: ``(n,)`` bool (or 0/1) correctness per response.
+        scores: ``(n,)`` real confidence per response (e.g. ``lpm`` in nats); must be finite.
+        correct: ``(n,)`` bool (or numbers each exactly 0 or 1) correctness per response.
         group: ``(n,)`` group id per response (verl's ``uid``/``index``; any hashable, e.g. str
             in an object array, or ints). Groups may be ragged and need not be contiguous.
 
@@ -34,13 +86,15 @@ def per_group_auc(scores, correct, group) -> tuple[np.ndarray, np.ndarray]:
         same order.
 
     Raises:
-        ValueError: if the three inputs differ in length or a score is NaN/inf.
+        ValueError: if the three inputs differ in length, a score is NaN/inf or not a real number (a complex
+            number, a string), or a ``correct`` is neither a bool nor 0/1 (a string, a probability, NaN); each
+            message names the argument.
 
     Source: Mann-Whitney form of the paper's Eq. 7; matches ``sklearn.metrics.roc_auc_score``
     on every mixed group.
     """
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    correct = np.asarray(correct).reshape(-1).astype(bool)
+    scores = _real_values("per_group_auc", "scores", scores)
+    correct = _correct_values("per_group_auc", correct)
     group = np.asarray(group).reshape(-1)
     if not (len(scores) == len(correct) == len(group)):
         raise ValueError(
@@ -199,9 +253,9 @@ def mean_at_k(correct, group) -> tuple[float, int]:
         ``(mean_acc, n_questions)``: float in [0, 1] (NaN when ``n == 0``) and the number of questions.
 
     Raises:
-        ValueError: if ``correct`` and ``group`` differ in length.
+        ValueError: if ``correct`` and ``group`` differ in length, or a ``correct`` is neither a bool nor 0/1.
     """
-    correct = np.asarray(correct).reshape(-1).astype(np.float64)
+    correct = _correct_values("mean_at_k", correct).astype(np.float64)
     group = np.asarray(group).reshape(-1)
     _check_same_length("mean_at_k", correct=correct, group=group)
     if len(correct) == 0:
@@ -233,7 +287,7 @@ def _pass_at_k_of_counts(n: np.ndarray, c: np.ndarray, k: int) -> np.ndarray:
 
 def _group_counts(fn: str, correct, group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(n, c, keys)``: responses and correct responses per question (int64), sorted unique question ids."""
-    correct = np.asarray(correct).reshape(-1).astype(bool)
+    correct = _correct_values(fn, correct)
     group = np.asarray(group).reshape(-1)
     _check_same_length(fn, correct=correct, group=group)
     keys, gid = np.unique(group, return_inverse=True)
@@ -269,7 +323,8 @@ def per_group_pass_at_k(correct, group, k: int) -> tuple[np.ndarray, np.ndarray]
         order. 0 for a question without a correct response, 1 when ``n - c < k`` (so 1 when all are correct).
 
     Raises:
-        ValueError: inputs of different lengths, ``k`` not an integer >= 1, or ``k`` larger than some question's
+        ValueError: inputs of different lengths, a ``correct`` neither a bool nor 0/1, ``k`` not an integer >= 1,
+            or ``k`` larger than some question's
             number of responses (the message names that smallest n and its question): there is no k-subset to
             draw then, and this module does not extrapolate.
 
@@ -349,8 +404,8 @@ def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> 
     Args:
         group: ``(n,)`` question id per response.
         answer: ``(n,)`` extracted final answer per response (str; ``""`` or None when there is none).
-        lpm: ``(n,)`` float mean token log-probability (nats) per response; must be finite where the
-            answer is non-empty.
+        lpm: ``(n,)`` float mean token log-probability (nats) per response; must be finite and <= 0 (up to
+            :data:`LOG_PROB_TOLERANCE`) where the answer is non-empty.
         correct: ``(n,)`` bool (or 0/1) correctness per response.
         method: one of :data:`ITS_METHODS`.
 
@@ -359,8 +414,8 @@ def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> 
         question ids in the same order.
 
     Raises:
-        ValueError: unknown ``method``, inputs of different lengths, or a NaN/inf ``lpm`` on a voting
-            response.
+        ValueError: unknown ``method``, inputs of different lengths, an ``lpm`` that is not real, or NaN, inf or
+            above 0 nats on a voting response, or a ``correct`` neither a bool nor 0/1; each names the argument.
 
     Source: paper Appendix, Algorithm 1 (Perplexity-Consistency Based Inference-Time Scaling), N = k.
     """
@@ -370,8 +425,8 @@ def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> 
     answer = np.array(
         ["" if a is None else str(a).strip() for a in np.asarray(answer, dtype=object).reshape(-1)], dtype=object
     )
-    lpm = np.asarray(lpm, dtype=np.float64).reshape(-1)
-    correct = np.asarray(correct).reshape(-1).astype(np.float64)
+    lpm = _real_values("its_credit", "lpm", lpm)
+    correct = _correct_values("its_credit", correct).astype(np.float64)
     n = _check_same_length("its_credit", group=group, answer=answer, lpm=lpm, correct=correct)
     keys, qid = np.unique(group, return_inverse=True)
     nq = len(keys)
@@ -381,6 +436,13 @@ def its_credit(group, answer, lpm, correct, method: str = "ppl_consistency") -> 
     votes = answer != ""
     if not np.isfinite(lpm[votes]).all():
         raise ValueError("its_credit: lpm is NaN or inf on a response that has an answer; fix or drop it first")
+    above = votes & (lpm > LOG_PROB_TOLERANCE)
+    if above.any():
+        raise ValueError(
+            f"its_credit: lpm is above 0 nats on {int(above.sum())} response(s) that have an answer (rows "
+            f"{np.flatnonzero(above)[:5].tolist()}, values {lpm[above][:5].tolist()}); a mean token log-prob lies in "
+            f"(-inf, 0] (up to {LOG_PROB_TOLERANCE:g} of float rounding): is it a probability or a negated log-prob?"
+        )
     if not votes.any():
         return credit, keys
     qv, lv, cv, av = qid[votes], lpm[votes], correct[votes], answer[votes]
@@ -440,12 +502,13 @@ def precision_coverage_curve(scores, correct) -> tuple[np.ndarray, np.ndarray]:
         ``precision[-1]`` is the overall accuracy. Empty arrays when ``n == 0``.
 
     Raises:
-        ValueError: if the inputs differ in length or a score is NaN/inf.
+        ValueError: if the inputs differ in length, a score is NaN/inf or not real, or a ``correct`` is neither a
+            bool nor 0/1.
 
     Source: paper section 5.2 "Hallucination Mitigation" and Figure 4 (precision-coverage curves).
     """
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    correct = np.asarray(correct).reshape(-1).astype(np.float64)
+    scores = _real_values("precision_coverage_curve", "scores", scores)
+    correct = _correct_values("precision_coverage_curve", correct).astype(np.float64)
     n = _check_same_length("precision_coverage_curve", scores=scores, correct=correct)
     if not np.isfinite(scores).all():
         raise ValueError("precision_coverage_curve: scores contain NaN or inf; drop or fix those responses first")
@@ -475,10 +538,10 @@ def precision_at_coverage(scores, correct, levels=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
         ``(len(levels),)`` float64 precision; all NaN when ``n == 0``.
 
     Raises:
-        ValueError: a level outside (0, 1], or as :func:`precision_coverage_curve`.
+        ValueError: a level outside (0, 1] (NaN, or not a real number), or as :func:`precision_coverage_curve`.
     """
-    levels = np.asarray(levels, dtype=np.float64).reshape(-1)
-    if ((levels <= 0) | (levels > 1)).any():
+    levels = _real_values("precision_at_coverage", "levels", levels)
+    if not ((levels > 0) & (levels <= 1)).all():  # NaN fails it too
         raise ValueError(f"precision_at_coverage: levels must lie in (0, 1], got {levels.tolist()}")
     _, precision = precision_coverage_curve(scores, correct)
     n = len(precision)

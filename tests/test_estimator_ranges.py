@@ -13,15 +13,18 @@ from omegaconf import OmegaConf
 from capo_verl.estimators import (
     capo_pairwise_advantages,
     cde_advantages,
+    cde_shaped_rewards,
+    codapo_advantages,
     codapo_group_weights,
     compute_capo_outcome_advantage,
     compute_cde_outcome_advantage,
     compute_codapo_outcome_advantage,
     compute_grpo_mask_outcome_advantage,
+    grpo_group_advantages,
     pop_step_metrics,
     reference_ppl_mask,
 )
-from capo_verl.estimators.common import LOG_PROB_TOLERANCE, EstimatorInputError
+from capo_verl.estimators.common import LOG_PROB_TOLERANCE, EstimatorInputError, check_log_prob_means
 
 ESTIMATORS = {
     "capo": (compute_capo_outcome_advantage, {"capo": {"use_mask": True, "ref_high": 20.0, "ref_low": 1.0}}),
@@ -155,3 +158,143 @@ def test_the_public_functions_of_sequence_values_refuse_them_too():
 
 def test_every_refusal_is_a_value_error():
     assert issubclass(EstimatorInputError, ValueError)
+
+
+# --- the lower-level public functions (hostile round 4, L01-L21) --------------------------------------------------
+LPM = torch.tensor([-1.0, -3.0, -1.0, -2.0])
+CORRECT = torch.tensor([True, False, True, False])
+VALID = torch.ones(4, dtype=torch.bool)
+GID = torch.tensor([0, 0, 1, 1])
+SCORES = torch.tensor([1.0, 0.0, 1.0, 0.0])
+
+
+def call(fn, **changed):
+    """``fn`` on the good inputs above, with ``changed`` ones replaced."""
+    args = {"lpm": LPM, "correct": CORRECT, "valid": VALID, "gid": GID, "n_groups": 2, "scores": SCORES, **changed}
+    if fn == "capo":
+        return capo_pairwise_advantages(
+            args["lpm"], args["correct"], args["valid"], args["gid"], args["n_groups"], args.get("tau", 0.6)
+        )
+    if fn == "cde":
+        extra = {k: args[k] for k in ("kappa", "alpha", "epsilon") if k in args}
+        return cde_advantages(args["correct"], args["lpm"], args["gid"], args["n_groups"], args.get("w", 1.0), **extra)
+    if fn == "codapo":
+        extra = {k: args[k] for k in ("weight_offset",) if k in args}
+        return codapo_group_weights(args["lpm"], args["correct"], args["gid"], args["n_groups"], **extra)
+    if fn == "codapo_advantages":
+        extra = {k: args[k] for k in ("weight_offset", "epsilon") if k in args}
+        return codapo_advantages(args["scores"], args["lpm"], args["correct"], args["gid"], args["n_groups"], **extra)
+    if fn == "grpo":
+        return grpo_group_advantages(args["scores"], args["gid"], args["n_groups"], True, args.get("epsilon", 1e-6))
+    raise AssertionError(fn)
+
+
+FUNCTIONS_OF_LPM = ["capo", "cde", "codapo", "codapo_advantages"]
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS_OF_LPM)
+@pytest.mark.parametrize("bad", [float("nan"), -float("inf"), float("inf")])
+def test_a_non_finite_lpm_is_refused(fn, bad):
+    lpm = LPM.clone()
+    lpm[1] = bad
+    with pytest.raises(EstimatorInputError, match=r": lpm\b.*\bNaN or inf\b.*rows \[1\]"):
+        call(fn, lpm=lpm)
+
+
+def test_check_log_prob_means_names_the_argument_and_skips_invalid_rows():
+    means = torch.tensor([-1.0, float("nan"), -float("inf")])
+    with pytest.raises(EstimatorInputError, match=r"^capo: old_log_probs\b.*\bNaN or inf\b.*rows \[1, 2\]"):
+        check_log_prob_means("capo", "old_log_probs", means)
+    check_log_prob_means("capo", "old_log_probs", means, torch.tensor([True, False, False]))  # unread rows
+
+
+@pytest.mark.parametrize("fn", [*FUNCTIONS_OF_LPM, "grpo"])
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        ({"gid": torch.tensor([0, 0, 5, 5])}, "gid"),  # beyond n_groups
+        ({"gid": torch.tensor([0, 0, -1, -1])}, "gid"),
+        ({"gid": torch.tensor([0.0, 0.0, 1.0, 1.0])}, "gid"),  # not integer
+        ({"n_groups": 0}, "n_groups"),
+        ({"n_groups": -1}, "n_groups"),
+        ({"n_groups": 2.0}, "n_groups"),
+        ({"gid": GID[:3]}, "gid"),  # 3 rows against 4
+        ({"lpm": LPM[:3]}, "lpm"),
+        ({"lpm": LPM[:, None]}, "lpm"),  # not (bs,)
+        ({"correct": torch.tensor([0.7, 0.0, 1.0, 0.0])}, "correct"),  # not bool
+        ({"valid": torch.ones(4)}, "valid"),
+        ({"scores": SCORES[:3]}, "scores"),
+        ({"scores": torch.tensor([1.0, float("nan"), 1.0, 0.0])}, "scores"),
+    ],
+)
+def test_groups_shapes_and_dtypes_are_checked(fn, changed, named):
+    reads = {
+        "capo": {"lpm", "correct", "valid", "gid", "n_groups"},
+        "cde": {"lpm", "correct", "gid", "n_groups"},
+        "codapo": {"lpm", "correct", "gid", "n_groups"},
+        "codapo_advantages": {"scores", "lpm", "correct", "gid", "n_groups"},
+        "grpo": {"scores", "gid", "n_groups"},
+    }[fn]
+    if named not in reads:
+        call(fn, **changed)  # an argument it does not take: unchanged result
+        return
+    with pytest.raises(EstimatorInputError, match=rf"\b{named}\b"):
+        call(fn, **changed)
+
+
+@pytest.mark.parametrize(
+    "fn, changed",
+    [
+        ("cde", {"kappa": 0.0}),
+        ("cde", {"kappa": float("inf")}),
+        ("cde", {"alpha": -1.0}),
+        ("cde", {"alpha": 0.0}),
+        ("cde", {"w": float("nan")}),
+        ("cde", {"w": -0.5}),
+        ("cde", {"w": "1.0"}),
+        ("cde", {"epsilon": -1e-6}),
+        ("codapo", {"weight_offset": -5.0}),
+        ("codapo", {"weight_offset": float("nan")}),
+        ("codapo_advantages", {"weight_offset": -0.1}),
+        ("codapo_advantages", {"epsilon": float("inf")}),
+        ("grpo", {"epsilon": -1.0}),
+        ("grpo", {"epsilon": float("nan")}),
+    ],
+)
+def test_constants_outside_their_range_are_refused(fn, changed):
+    (name,) = changed
+    with pytest.raises(EstimatorInputError, match=rf": {name} must be a finite number in [\[(]"):
+        call(fn, **changed)
+
+
+@pytest.mark.parametrize("name, value", [("w", -1.0), ("kappa", 0.0), ("alpha", float("nan"))])
+def test_cde_shaped_rewards_checks_its_constants(name, value):
+    args = {"w": 1.0, "kappa": 3.0, "alpha": 1.0, name: value}
+    with pytest.raises(EstimatorInputError, match=rf"^cde_shaped_rewards: {name}\b"):
+        cde_shaped_rewards(torch.tensor([1.0, -1.0]), torch.tensor([0.5, 2.0]), **args)
+
+
+def test_the_constants_at_their_bounds_pass():
+    call("cde", w=0.0)
+    call("codapo", weight_offset=0.0)
+    # epsilon 0: a constant group gets 0 as documented (it used to be 0 / 0 = NaN)
+    adv = grpo_group_advantages(torch.tensor([1.0, 1.0, 0.0, 1.0]), GID, 2, True, 0.0)
+    assert adv[:2].tolist() == [0.0, 0.0] and torch.isfinite(adv).all()
+    torch.testing.assert_close(grpo_group_advantages(SCORES, GID, 2, True, 0.0), call("grpo"), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize(
+    "ref_ppl, ref_high, ref_low, named",
+    [
+        ([float("nan"), 2.0, 2.0, 2.0], 2.5, 1.05, "ref_ppl"),
+        ([1.5, 2.0, 2.0, 2.0], 1.05, 2.5, "ref_high"),  # swapped: ref_high < ref_low
+        ([1.5, 2.0, 2.0, 2.0], 0.5, 0.4, "ref_high"),  # a perplexity threshold below 1
+        ([1.5, 2.0, 2.0, 2.0], float("inf"), 1.05, "ref_high"),
+        ([1.5, 2.0, 2.0, 2.0], 2.5, 0.0, "ref_low"),
+        ([1.5, 2.0, 2.0, 2.0], 2.5, float("nan"), "ref_low"),
+        ([1.5, 2.0, 2.0], 2.5, 1.05, "ref_ppl"),  # 3 rows against 4
+    ],
+)
+def test_reference_ppl_mask_refuses_what_cannot_be_a_perplexity_or_a_window(ref_ppl, ref_high, ref_low, named):
+    with pytest.raises(EstimatorInputError, match=rf"^reference_ppl_mask: .*\b{named}\b"):
+        reference_ppl_mask(torch.tensor(ref_ppl), CORRECT, ref_high, ref_low)

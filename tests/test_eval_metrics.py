@@ -202,7 +202,7 @@ def test_its_matches_loop_reference_on_random_data():
     n_q, k = 60, 8
     group = np.repeat(np.arange(n_q), k)
     answer = rng.choice(["", "1", "2", "3"], size=n_q * k, p=[0.2, 0.4, 0.3, 0.1])
-    lpm = rng.normal(-1, 0.5, n_q * k)
+    lpm = -np.abs(rng.normal(-1, 0.5, n_q * k))  # a mean log-prob is <= 0 (a positive one is refused)
     correct = answer == "1"
     got = credit(group, answer, lpm, correct, "ppl_consistency")
     for q in range(n_q):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from capo_verl import metrics as M
 from capo_verl.metrics import auc_mean, per_group_auc
 
 
@@ -50,3 +51,72 @@ def test_rejects_bad_input():
         per_group_auc([1.0], [1, 0], [0, 0])
     with pytest.raises(ValueError, match="NaN"):
         per_group_auc([np.nan, 1.0], [1, 0], [0, 0])
+
+
+# --- values that cannot be right are refused, naming the argument (hostile round 4, L23-L30) -----------------------
+def _calls(scores, correct, lpm=None):
+    """Every metric of ``correct`` (and ``scores``) on four responses to two questions."""
+    group = [0, 0, 1, 1]
+    lpm = scores if lpm is None else lpm
+    return {
+        "auc_mean": lambda: M.auc_mean(scores, correct, group),
+        "per_group_auc": lambda: per_group_auc(scores, correct, group),
+        "mean_at_k": lambda: M.mean_at_k(correct, group),
+        "pass_at_k": lambda: M.pass_at_k(correct, group, 1),
+        "precision_coverage_curve": lambda: M.precision_coverage_curve(scores, correct),
+        "precision_at_coverage": lambda: M.precision_at_coverage(scores, correct),
+        "its_accuracy": lambda: M.its_accuracy(group, ["1", "2", "1", "2"], lpm, correct),
+    }
+
+
+GOOD_SCORES = [-1.0, -2.0, -1.0, -2.0]
+
+
+@pytest.mark.parametrize("metric", list(_calls(GOOD_SCORES, [1, 0, 1, 0])))
+@pytest.mark.parametrize(
+    "correct",
+    [
+        ["no", "yes", "no", "yes"],  # strings: bool("no") is True
+        [0.3, 0.9, 0.2, 1.0],  # probabilities
+        [np.nan, 0, 1, 0],
+        [1 + 0j, 0, 1, 0],
+        np.array([None, 1, 0, 1], dtype=object),
+        [2, 0, 1, 0],
+    ],
+)
+def test_correct_that_is_not_bool_or_0_1_is_refused(metric, correct):
+    with pytest.raises(ValueError, match=r": correct must be bool, or 0/1\b"):
+        _calls(GOOD_SCORES, correct)[metric]()
+
+
+@pytest.mark.parametrize("metric", ["auc_mean", "per_group_auc", "precision_coverage_curve", "its_accuracy"])
+@pytest.mark.parametrize(
+    "scores", [np.array([-1 + 1j, -2, -1, -2]), ["a", "b", "c", "d"], np.array(["-1", "-2", "-1", "-2"])]
+)
+def test_scores_that_are_not_real_numbers_are_refused(metric, scores):
+    name = "lpm" if metric == "its_accuracy" else "scores"
+    with pytest.raises(ValueError, match=rf": {name} must hold real numbers\b"):
+        _calls(scores, [1, 0, 1, 0])[metric]()
+
+
+@pytest.mark.parametrize(
+    "correct", [[True, False, True, False], [1, 0, 1, 0], [1.0, 0.0, 1.0, 0.0], np.array([1, 0, 1, 0], dtype=object)]
+)
+def test_bool_and_0_1_correct_of_any_dtype_give_the_same_values(correct):
+    want = {k: f() for k, f in _calls(GOOD_SCORES, [True, False, True, False]).items()}
+    got = {k: f() for k, f in _calls(GOOD_SCORES, correct).items()}
+    assert repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("levels", [[np.nan], [0.5, np.nan], [0.0], [1.5], [1j]])
+def test_precision_at_coverage_refuses_levels_outside_0_1(levels):
+    with pytest.raises(ValueError, match=r"precision_at_coverage: levels\b"):
+        M.precision_at_coverage([-1.0, -2.0, -3.0], [1, 0, 1], levels=levels)
+
+
+@pytest.mark.parametrize("method", M.ITS_METHODS)
+def test_its_accuracy_refuses_a_positive_lpm_on_a_voting_response(method):
+    with pytest.raises(ValueError, match=r"its_credit: lpm is above 0 nats\b.*rows \[0\]"):
+        M.its_accuracy([0, 0], ["1", "2"], [5.0, -2.0], [1, 0], method)
+    assert M.its_accuracy([0, 0], ["", "2"], [5.0, -2.0], [1, 0], method) == 0.0  # no answer: it does not vote
+    M.its_accuracy([0, 0], ["1", "2"], [M.LOG_PROB_TOLERANCE / 2, -2.0], [1, 0], method)  # 0 up to rounding

@@ -50,9 +50,11 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
+    check_groups,
     check_log_prob_means,
     check_number,
     check_positive,
+    check_rows,
     group_layout,
     noise_mask,
     read_batch,
@@ -190,6 +192,16 @@ def uses_noise_mask(algorithm_config) -> bool:
     return CapoConfig.from_algorithm_config(algorithm_config).use_mask
 
 
+def mask_keys_unread(cfg: CapoConfig) -> dict[str, tuple[str, str]]:
+    """The keys of ``algorithm.capo`` that the noise mask alone reads, when ``cfg`` turns it off: ``ref_high`` and
+    ``ref_low`` (Eq. 18), each with the reason and the key that makes them count
+    (:attr:`~capo_verl.estimators.registry.EstimatorSpec.unread_keys`)."""
+    if cfg.use_mask:
+        return {}
+    unread = ("the noise mask is off (algorithm.capo.use_mask=false)", "set algorithm.capo.use_mask=true")
+    return {"ref_high": unread, "ref_low": unread}
+
+
 def capo_pairwise_advantages(
     lpm: torch.Tensor,
     correct: torch.Tensor,
@@ -205,7 +217,7 @@ def capo_pairwise_advantages(
     ``L = sum over each group's (correct i, incorrect j) pairs of log(1 + exp(-(lpm_i - lpm_j) / tau))``.
 
     Args:
-        lpm: ``(bs,)`` float mean token log-prob (nats) of each response; finite where ``valid``.
+        lpm: ``(bs,)`` float mean token log-prob (nats) of each response; finite and <= 0 where ``valid``.
         correct: ``(bs,)`` bool.
         valid: ``(bs,)`` bool; a response with no valid token joins no pair and gets 0.
         gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
@@ -219,14 +231,20 @@ def capo_pairwise_advantages(
         +-inf, whose sigmoid is 0 or 1.
 
     Raises:
+        TypeError: an argument of ``lpm``, ``correct``, ``valid``, ``gid`` that is not a ``torch.Tensor``.
         ValueError: ``tau`` outside float32's range (:func:`check_tau`) or an unknown ``normalize``.
-        EstimatorInputError: ``lpm`` complex, or above 0 nats where ``valid`` (:func:`~.common.check_log_prob_means`).
+        EstimatorInputError: ``lpm`` not real (complex), ``correct`` or ``valid`` not bool, ``gid`` not integer, or
+            one of them not ``(bs,)`` like the others (:func:`~.common.check_rows`); ``n_groups`` not an integer >= 1
+            or ``gid`` outside [0, n_groups) (:func:`~.common.check_groups`); ``lpm`` NaN, inf or above 0 nats where
+            ``valid`` (:func:`~.common.check_log_prob_means`).
 
     Memory: O(bs + PAIR_BLOCK). The groups with both outcomes are taken per distinct size s, as ``(n_s, s)`` tables
     of their lpm, and the weights of at most :data:`PAIR_BLOCK` pairs exist at a time (several groups of a size at
     once, or row blocks of one group larger than sqrt(PAIR_BLOCK)); float32 throughout. Time: sum of G^2 over those
     groups.
     """
+    check_rows("capo", lpm=lpm, correct=correct, valid=valid, gid=gid)
+    n_groups = check_groups("capo", gid, n_groups)
     check_log_prob_means("capo", "lpm", lpm, valid)
     return _pairwise_advantages(lpm, correct, valid, gid, n_groups, tau, normalize)
 
@@ -274,6 +292,7 @@ def _pairwise_advantages(lpm, correct, valid, gid, n_groups: int, tau: float, no
     section="capo",
     config_class=CapoConfig,
     needs_reference_policy=uses_noise_mask,
+    unread_keys=mask_keys_unread,
 )
 def compute_capo_outcome_advantage(
     token_level_rewards: torch.Tensor,

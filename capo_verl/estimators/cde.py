@@ -45,10 +45,13 @@ import numpy as np
 import torch
 
 from capo_verl.estimators.common import (
+    _grpo_group_advantages,
+    check_constant,
+    check_groups,
     check_log_prob_means,
     check_number,
     check_positive,
-    grpo_group_advantages,
+    check_rows,
     norm_adv_by_std,
     read_batch,
     read_config_section,
@@ -118,13 +121,35 @@ def cde_shaped_rewards(
     Args:
         outcome: ``(bs,)`` float32 reward R (+-1 in CDE).
         bonus: ``(bs,)`` float32 log-perplexity B = -lpm (nats, >= 0).
-        w: bonus weight of this step.
-        kappa, alpha: the cap's constants (> 0).
+        w: bonus weight of this step; a finite number >= 0 (``algorithm.cde.w0``'s range).
+        kappa, alpha: the cap's constants; finite numbers > 0 (paper: 3 and 1).
 
     Returns:
         ``(bs,)`` float32 shaped reward.
+
+    Raises:
+        TypeError: ``outcome`` or ``bonus`` not a ``torch.Tensor``.
+        EstimatorInputError: ``outcome`` or ``bonus`` not a real ``(bs,)`` tensor of one length
+            (:func:`~.common.check_rows`); ``w``, ``kappa`` or ``alpha`` outside its range
+            (:func:`~.common.check_constant`).
     """
+    check_rows("cde_shaped_rewards", outcome=outcome, bonus=bonus)
+    w, kappa, alpha = _check_cde_constants("cde_shaped_rewards", w, kappa, alpha)
+    return _shaped_rewards(outcome, bonus, w, kappa, alpha)
+
+
+def _shaped_rewards(outcome, bonus, w: float, kappa: float, alpha: float) -> torch.Tensor:
     return outcome + w * torch.minimum(outcome.abs() / kappa, alpha * bonus)
+
+
+def _check_cde_constants(fn: str, w, kappa, alpha) -> tuple[float, float, float]:
+    """``(w, kappa, alpha)`` as floats in CDE's ranges (arXiv 2509.09675, Eq. 2; ``algorithm.cde``): w >= 0,
+    kappa > 0, alpha > 0, all finite; else :class:`~.common.EstimatorInputError` naming the constant."""
+    return (
+        check_constant(fn, "w", w, 0.0, hint="a negative weight rewards confidence (algorithm.cde.w0 >= 0)"),
+        check_constant(fn, "kappa", kappa, 0.0, low_open=True, hint="the bonus cap is |R| / kappa; the paper uses 3"),
+        check_constant(fn, "alpha", alpha, 0.0, low_open=True, hint="the paper uses 1"),
+    )
 
 
 def cde_advantages(
@@ -145,21 +170,35 @@ def cde_advantages(
         lpm: ``(bs,)`` float mean token log-prob (nats) under the behaviour policy; B = -lpm.
         gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
         n_groups: number of groups.
-        w, kappa, alpha: as :func:`cde_shaped_rewards`.
+        w, kappa, alpha: as :func:`cde_shaped_rewards` (w >= 0, kappa > 0, alpha > 0, finite).
         norm_by_std: divide by the group std (``algorithm.norm_adv_by_std_in_grpo``).
-        epsilon: added to the std (GRPO's 1e-6).
+        epsilon: added to the std (GRPO's 1e-6); a finite number >= 0.
 
     Returns:
         ``(advantage, shaped_reward, bonus)``, each ``(bs,)`` float32.
 
     Raises:
-        EstimatorInputError: ``lpm`` complex or above 0 nats (:func:`~.common.check_log_prob_means`).
+        TypeError: ``correct``, ``lpm`` or ``gid`` not a ``torch.Tensor``.
+        EstimatorInputError: ``correct`` not bool, ``lpm`` not real (complex), ``gid`` not integer, or one of them not
+            ``(bs,)`` like the others (:func:`~.common.check_rows`); ``n_groups`` not an integer >= 1 or ``gid``
+            outside [0, n_groups) (:func:`~.common.check_groups`); ``lpm`` NaN, inf or above 0 nats
+            (:func:`~.common.check_log_prob_means`); ``w``, ``kappa``, ``alpha`` or ``epsilon`` outside its range
+            (:func:`~.common.check_constant`).
     """
+    check_rows("cde", correct=correct, lpm=lpm, gid=gid)
+    n_groups = check_groups("cde", gid, n_groups)
     check_log_prob_means("cde", "lpm", lpm)
+    w, kappa, alpha = _check_cde_constants("cde", w, kappa, alpha)
+    epsilon = check_constant("cde", "epsilon", epsilon, 0.0, hint="GRPO's is 1e-6")
+    return _cde_advantages(correct, lpm, gid, n_groups, w, kappa, alpha, norm_by_std, epsilon)
+
+
+def _cde_advantages(correct, lpm, gid, n_groups: int, w, kappa, alpha, norm_by_std=True, epsilon=1e-6):
+    """:func:`cde_advantages` without its checks, for the batch :func:`read_batch` checked and a parsed config."""
     outcome = torch.where(correct, 1.0, -1.0).to(torch.float32)
     bonus = -lpm.to(torch.float32)
-    shaped = cde_shaped_rewards(outcome, bonus, w, kappa, alpha)
-    return grpo_group_advantages(shaped, gid, n_groups, norm_by_std, epsilon), shaped, bonus
+    shaped = _shaped_rewards(outcome, bonus, w, kappa, alpha)
+    return _grpo_group_advantages(shaped, gid, n_groups, norm_by_std, epsilon), shaped, bonus
 
 
 @register_estimator(
@@ -223,7 +262,7 @@ def compute_cde_outcome_advantage(
         old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
     )  # fmt: skip
     correct, valid = batch.correct, batch.valid
-    adv, shaped, bonus = cde_advantages(
+    adv, shaped, bonus = _cde_advantages(  # batch checked by read_batch, constants by CdeConfig
         correct, batch.lpm, batch.gid, batch.n_groups, w, cfg.kappa, cfg.alpha, norm_adv_by_std(config)
     )
     metrics = batch.calibration_metrics(adv)

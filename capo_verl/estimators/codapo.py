@@ -39,9 +39,13 @@ import pandas as pd
 import torch
 
 from capo_verl.estimators.common import (
+    _grpo_group_advantages,
+    check_constant,
+    check_finite,
+    check_groups,
     check_log_prob_means,
     check_number,
-    grpo_group_advantages,
+    check_rows,
     norm_adv_by_std,
     read_batch,
     read_config_section,
@@ -212,19 +216,37 @@ def codapo_group_weights(
         correct: ``(bs,)`` bool.
         gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
         n_groups: number of groups.
-        weight_offset: the floor added to every weight.
+        weight_offset: the floor added to every weight; a finite number >= 0 (``algorithm.codapo.weight_offset``'s
+            range: the authors' 0.1 is a minimum learning signal, and a negative one flips a group's advantages).
 
     Returns:
         ``(weight, confidence, difficulty_weight)``, each ``(n_groups,)`` float32: the weight, c = exp(mean lpm)
         (a probability-like number in (0, 1]) and 4 p (1 - p) in [0, 1].
 
     Raises:
-        EstimatorInputError: ``lpm`` complex or above 0 nats (:func:`~.common.check_log_prob_means`): its confidence
-            exp(lpm) would exceed 1.
+        TypeError: ``lpm``, ``correct`` or ``gid`` not a ``torch.Tensor``.
+        EstimatorInputError: ``lpm`` not real (complex), ``correct`` not bool, ``gid`` not integer, or one of them not
+            ``(bs,)`` like the others (:func:`~.common.check_rows`); ``n_groups`` not an integer >= 1 or ``gid``
+            outside [0, n_groups) (:func:`~.common.check_groups`); ``lpm`` NaN, inf or above 0 nats
+            (:func:`~.common.check_log_prob_means`: its confidence exp(lpm) would be NaN or exceed 1);
+            ``weight_offset`` not a finite number >= 0 (:func:`~.common.check_constant`).
 
     Source: tmlr-group/CoDaPO ``compute_codapo_advantage`` (``weight = c_weight * d_weight + weight_offset``).
     """
+    check_rows("codapo", lpm=lpm, correct=correct, gid=gid)
+    n_groups = check_groups("codapo", gid, n_groups)
     check_log_prob_means("codapo", "lpm", lpm)
+    weight_offset = _check_weight_offset(weight_offset)
+    return _codapo_group_weights(lpm, correct, gid, n_groups, weight_offset)
+
+
+def _check_weight_offset(weight_offset) -> float:
+    hint = "a negative one flips a group's advantages; the authors use 0.1"
+    return check_constant("codapo", "weight_offset", weight_offset, 0.0, hint=hint)
+
+
+def _codapo_group_weights(lpm, correct, gid, n_groups: int, weight_offset: float):
+    """:func:`codapo_group_weights` without its checks, for the batch :func:`read_batch` checked."""
     sizes = torch.bincount(gid, minlength=n_groups)
     p = _group_mean(correct, gid, sizes)
     difficulty_weight = 4.0 * p * (1.0 - p)
@@ -248,13 +270,29 @@ def codapo_advantages(
         scores: ``(bs,)`` float32 outcome R_i.
         lpm, correct, gid, n_groups, weight_offset: as :func:`codapo_group_weights`.
         norm_by_std: divide GRPO's centred reward by the group std (``algorithm.norm_adv_by_std_in_grpo``).
-        epsilon: added to the std (GRPO's 1e-6).
+        epsilon: added to the std (GRPO's 1e-6); a finite number >= 0.
 
     Returns:
         ``(advantage (bs,), weight, confidence, difficulty_weight (n_groups,))``, float32.
+
+    Raises:
+        TypeError, EstimatorInputError: as :func:`codapo_group_weights`; and ``scores`` not a real ``(bs,)`` tensor
+            like the others (:func:`~.common.check_rows`) or with NaN/inf (:func:`~.common.check_finite`), or
+            ``epsilon`` not a finite number >= 0.
     """
-    weight, confidence, difficulty_weight = codapo_group_weights(lpm, correct, gid, n_groups, weight_offset)
-    adv = grpo_group_advantages(scores.to(torch.float32), gid, n_groups, norm_by_std, epsilon) * weight[gid]
+    check_rows("codapo", scores=scores, lpm=lpm, correct=correct, gid=gid)
+    n_groups = check_groups("codapo", gid, n_groups)
+    check_finite("codapo", "scores", scores)
+    check_log_prob_means("codapo", "lpm", lpm)
+    weight_offset = _check_weight_offset(weight_offset)
+    epsilon = check_constant("codapo", "epsilon", epsilon, 0.0, hint="GRPO's is 1e-6")
+    return _codapo_advantages(scores, lpm, correct, gid, n_groups, norm_by_std, weight_offset, epsilon)
+
+
+def _codapo_advantages(scores, lpm, correct, gid, n_groups: int, norm_by_std=True, weight_offset=0.1, epsilon=1e-6):
+    """:func:`codapo_advantages` without its checks, for the batch :func:`read_batch` checked and a parsed config."""
+    weight, confidence, difficulty_weight = _codapo_group_weights(lpm, correct, gid, n_groups, weight_offset)
+    adv = _grpo_group_advantages(scores.to(torch.float32), gid, n_groups, norm_by_std, epsilon) * weight[gid]
     return adv, weight, confidence, difficulty_weight
 
 
@@ -300,7 +338,7 @@ def compute_codapo_outcome_advantage(
         "codapo", token_level_rewards, response_mask, index, cfg.reward_threshold,
         old_log_probs=old_log_probs, rollout_log_probs=rollout_log_probs,
     )  # fmt: skip
-    adv, weight, confidence, difficulty_weight = codapo_advantages(
+    adv, weight, confidence, difficulty_weight = _codapo_advantages(  # read_batch and CodapoConfig checked them
         batch.score, batch.lpm, batch.correct, batch.gid, batch.n_groups, norm_adv_by_std(config), cfg.weight_offset
     )
     metrics = batch.calibration_metrics(adv)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from capo_verl.metrics import capo_step_metrics
+from capo_verl.metrics import LOG_PROB_TOLERANCE, capo_step_metrics
 
 logger = logging.getLogger("capo_verl")
 
@@ -42,6 +42,10 @@ __all__ = [
     "read_config_section",
     "check_positive",
     "check_number",
+    "check_rows",
+    "check_groups",
+    "check_finite",
+    "check_constant",
     "record_step_metrics",
     "pop_step_metrics",
     "queued_step_metrics",
@@ -49,9 +53,6 @@ __all__ = [
 
 #: Rows per block of :func:`row_sweep` on CPU: a block of every input stays in cache across its row sums.
 _CPU_ROW_BLOCK = 256
-
-#: A response's mean token log-prob (nats) above this is no log-probability: 0 up to float rounding is accepted.
-LOG_PROB_TOLERANCE = 1e-4
 
 
 class EstimatorInputError(ValueError):
@@ -61,14 +62,19 @@ class EstimatorInputError(ValueError):
 
 def _rows(bad: torch.Tensor, values: torch.Tensor | None = None) -> str:
     rows = bad.nonzero().flatten()[:5].tolist()
-    shown = "" if values is None else f" (values {[round(float(values[r]), 4) for r in rows]})"
+    shown = "" if values is None else f" (values {[_shown(values[r].item()) for r in rows]})"
     more = "..." if int(bad.sum()) > 5 else ""
     return f"{int(bad.sum())} response(s), rows {rows}{more}{shown}"
 
 
+def _shown(value):
+    return round(value, 4) if isinstance(value, float) else value
+
+
 def check_log_prob_means(estimator: str, key: str, means: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-    """Refuse a response whose mean token log-prob is above 0 (+ :data:`LOG_PROB_TOLERANCE`): a log-probability lies
-    in (-inf, 0]. O(bs): the check of the fast path, on the sequence means it computes anyway.
+    """Refuse a response whose mean token log-prob is NaN, +-inf or above 0 (+ :data:`LOG_PROB_TOLERANCE`): a
+    log-probability lies in (-inf, 0]. O(bs), one reduction: the check of the fast path, on the sequence means it
+    computes anyway.
 
     Args:
         estimator: the estimator's name, for the message.
@@ -77,14 +83,21 @@ def check_log_prob_means(estimator: str, key: str, means: torch.Tensor, valid: t
         valid: ``(bs,)`` bool, responses with a valid token (others are 0 by definition), or None for all.
 
     Raises:
-        EstimatorInputError: naming ``key``, the rows and the allowed range; also for a complex ``means``.
+        EstimatorInputError: naming ``key``, the rows and the allowed range (NaN or inf, or above 0, where ``valid``);
+            also for a complex ``means``.
     """
     if means.is_complex():
         raise EstimatorInputError(f"{estimator}: {key} is complex ({means.dtype}); log-probs are real, in (-inf, 0]")
-    bad = means > LOG_PROB_TOLERANCE
+    bad = ~(torch.isfinite(means) & (means <= LOG_PROB_TOLERANCE))  # NaN and +-inf fail both
     if valid is not None:
         bad &= valid
     if bad.any():
+        nonfinite = bad & ~torch.isfinite(means)
+        if nonfinite.any():
+            raise EstimatorInputError(
+                f"{estimator}: {key} is NaN or inf for {_rows(nonfinite, means)}; a mean token log-prob is a finite "
+                f"number in (-inf, 0] nats: check the log-prob computation that produced {key}"
+            )
         raise EstimatorInputError(
             f"{estimator}: {key} has a mean token log-prob above 0 nats for {_rows(bad, means)}; a log-probability "
             f"lies in (-inf, 0] (up to {LOG_PROB_TOLERANCE:g} of float rounding): is it a probability, a logit or a "
@@ -93,7 +106,8 @@ def check_log_prob_means(estimator: str, key: str, means: torch.Tensor, valid: t
 
 
 def check_reference_ppl(estimator: str, ref_ppl: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-    """Refuse a reference perplexity below 1 (beyond float rounding): ``exp(-mean ref_log_prob)`` lies in [1, inf).
+    """Refuse a NaN reference perplexity, or one below 1 (beyond float rounding): ``exp(-mean ref_log_prob)`` lies in
+    [1, inf) (+inf, an overflowed exp, compares above every threshold and passes). One reduction.
 
     Args:
         estimator: the estimator's name, for the message.
@@ -105,14 +119,160 @@ def check_reference_ppl(estimator: str, ref_ppl: torch.Tensor, valid: torch.Tens
     """
     if ref_ppl.is_complex():
         raise EstimatorInputError(f"{estimator}: ref_ppl is complex ({ref_ppl.dtype}); a perplexity is real, >= 1")
-    bad = ref_ppl < math.exp(-LOG_PROB_TOLERANCE)
+    bad = ~(ref_ppl >= math.exp(-LOG_PROB_TOLERANCE))  # NaN fails it too
     if valid is not None:
         bad &= valid
     if bad.any():
+        nan = bad & torch.isnan(ref_ppl)
+        if nan.any():
+            raise EstimatorInputError(
+                f"{estimator}: ref_ppl is NaN for {_rows(nan)}; a perplexity is a number in [1, inf): check the "
+                "ref_log_prob it comes from (exp(-mean ref_log_prob))"
+            )
         raise EstimatorInputError(
-            f"{estimator}: the reference perplexity exp(-mean ref_log_prob) is below 1 for {_rows(bad, ref_ppl)}; a "
+            f"{estimator}: ref_ppl, the reference perplexity exp(-mean ref_log_prob), is below 1 for "
+            f"{_rows(bad, ref_ppl)}; a "
             "perplexity lies in [1, inf): ref_log_prob must be the reference model's log-probs (nats, <= 0)"
         )
+
+
+#: What each per-response argument of the public functions must hold, by its name (:func:`check_rows`).
+_ROW_KINDS = {
+    "lpm": "real",
+    "ref_ppl": "real",
+    "scores": "real",
+    "outcome": "real",
+    "bonus": "real",
+    "correct": "bool",
+    "valid": "bool",
+    "gid": "integer",
+}
+_KIND_TEXT = {
+    "real": "a real tensor (floating point or integer)",
+    "bool": "a bool tensor",
+    "integer": "an integer tensor (int64: dense group ids, e.g. from group_ids(uid))",
+}
+
+
+def _kind_ok(kind: str, x: torch.Tensor) -> bool:
+    if kind == "bool":
+        return x.dtype == torch.bool
+    if x.is_complex() or x.dtype == torch.bool:
+        return False
+    return kind == "real" or not x.is_floating_point()
+
+
+def check_rows(estimator: str, **rows: torch.Tensor) -> int:
+    """Refuse per-response arguments that are not one ``(bs,)`` tensor each, all of one length, of the dtype their
+    name asks for (:data:`_ROW_KINDS`: ``lpm``, ``ref_ppl``, ``scores`` real; ``correct``, ``valid`` bool; ``gid``
+    integer). Reads only shapes and dtypes, no values.
+
+    Args:
+        estimator: the function's name, for the message.
+        rows: ``{argument name: value}``.
+
+    Returns:
+        bs, the common length (the most frequent one; 0 with no argument).
+
+    Raises:
+        TypeError: an argument that is not a ``torch.Tensor``, naming it.
+        EstimatorInputError: an argument of the wrong dtype (complex, a float ``correct``, a float ``gid`` ...), not
+            1-D, or of another length than the others, naming it and what it must be.
+    """
+    for name, x in rows.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{estimator}: {name} must be a torch.Tensor of shape (bs,), got "
+                f"{type(x).__module__}.{type(x).__qualname__}; pass {name}=torch.as_tensor({name})"
+            )
+        kind = _ROW_KINDS[name]
+        if not _kind_ok(kind, x):
+            what = f"is complex ({x.dtype})" if x.is_complex() else f"has dtype {x.dtype}"
+            raise EstimatorInputError(f"{estimator}: {name} {what}; it must be {_KIND_TEXT[kind]}")
+        if x.dim() != 1:
+            raise EstimatorInputError(
+                f"{estimator}: {name} has shape {tuple(x.shape)}; it must be (bs,), one value per response"
+            )
+    lengths = [x.shape[0] for x in rows.values()]
+    if not lengths:
+        return 0
+    bs = max(lengths, key=lengths.count)
+    odd = [name for name, n in zip(rows, lengths) if n != bs]
+    if odd:
+        others = [name for name in rows if name not in odd]
+        listed = ", ".join(f"{name} ({rows[name].shape[0]})" for name in odd)
+        raise EstimatorInputError(
+            f"{estimator}: {listed} against {bs} entries of {', '.join(others)}: every argument holds one entry "
+            "per response, (bs,)"
+        )
+    return bs
+
+
+def check_groups(estimator: str, gid: torch.Tensor, n_groups) -> int:
+    """Refuse a group count that is not an integer (>= 1 when there are responses) and a group id outside
+    [0, n_groups): one reduction (``aminmax``) over ``gid``, an integer ``(bs,)`` tensor (:func:`check_rows`).
+
+    Returns:
+        ``n_groups`` as an int.
+
+    Raises:
+        EstimatorInputError: naming ``n_groups`` or ``gid``, the rows and the range.
+    """
+    if isinstance(n_groups, (bool, np.bool_)) or not isinstance(n_groups, (int, np.integer)) or n_groups < 0:
+        raise EstimatorInputError(
+            f"{estimator}: n_groups must be an integer >= 0 (the number of groups), got {n_groups!r}"
+        )
+    n_groups = int(n_groups)
+    if gid.numel() == 0:
+        return n_groups
+    if n_groups == 0:
+        raise EstimatorInputError(
+            f"{estimator}: n_groups is 0 but there are {gid.numel()} responses; it must be an integer >= 1, the "
+            "number of groups (gid lies in [0, n_groups))"
+        )
+    low, high = torch.aminmax(gid)
+    if bool((low < 0) | (high >= n_groups)):
+        bad = (gid < 0) | (gid >= n_groups)
+        raise EstimatorInputError(
+            f"{estimator}: gid must lie in [0, n_groups) = [0, {n_groups}), but {_rows(bad, gid)} lie outside; "
+            "dense group ids come from group_ids(uid)"
+        )
+    return n_groups
+
+
+def check_finite(estimator: str, key: str, values: torch.Tensor) -> None:
+    """Refuse NaN or inf in ``values`` (one reduction), naming ``key`` and the rows.
+
+    Raises:
+        EstimatorInputError: naming ``key``, the rows and the range (finite numbers).
+    """
+    if not bool(torch.isfinite(values).all()):
+        raise EstimatorInputError(
+            f"{estimator}: {key} is NaN or inf for {_rows(~torch.isfinite(values), values)}; it must be finite"
+        )
+
+
+def check_constant(
+    estimator: str, name: str, value, low: float = -math.inf, *, low_open: bool = False, hint: str = ""
+) -> float:
+    """``value`` as a float when it is a finite real number >= ``low`` (> ``low`` with ``low_open``), else
+    :class:`EstimatorInputError` naming ``name`` and that range; ``hint`` is appended (e.g. the paper's value).
+
+    Raises:
+        EstimatorInputError: not a real number (a bool, a string, complex ...), NaN, inf, or below the range.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    low_text = "-inf" if low == -math.inf else f"{low:g}"
+    allowed = f"{'(' if low_open or low == -math.inf else '['}{low_text}, inf)"
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer, np.floating))
+    if ok:
+        ok = math.isfinite(value) and (value > low if low_open else value >= low)
+    if not ok:
+        raise EstimatorInputError(
+            f"{estimator}: {name} must be a finite number in {allowed}, got {value!r}{'; ' + hint if hint else ''}"
+        )
+    return float(value)
 
 
 # --- the per-step metrics queue ------------------------------------------------------------------------------------
@@ -558,11 +718,27 @@ def grpo_group_advantages(
         gid: ``(bs,)`` int64 dense group ids in [0, n_groups); groups may be ragged and interleaved.
         n_groups: number of groups.
         norm_by_std: divide by the group's std (``algorithm.norm_adv_by_std_in_grpo``).
-        epsilon: added to the std.
+        epsilon: added to the std; a finite number >= 0 (a constant group gets 0 even with 0, as above).
 
     Returns:
         ``(bs,)`` tensor of ``scores``' dtype. Memory O(bs).
+
+    Raises:
+        TypeError: ``scores`` or ``gid`` not a ``torch.Tensor`` (:func:`check_rows`).
+        EstimatorInputError: ``scores`` not real or with NaN/inf (:func:`check_finite`), ``gid`` not an integer
+            tensor, the two of different lengths, ``gid`` outside [0, ``n_groups``) (:func:`check_groups`), or
+            ``epsilon`` not a finite number >= 0 (:func:`check_constant`).
     """
+    name = "grpo_group_advantages"
+    check_rows(name, scores=scores, gid=gid)
+    n_groups = check_groups(name, gid, n_groups)
+    check_finite(name, "scores", scores)
+    epsilon = check_constant(name, "epsilon", epsilon, 0.0, hint="GRPO's is 1e-6")
+    return _grpo_group_advantages(scores, gid, n_groups, norm_by_std, epsilon)
+
+
+def _grpo_group_advantages(scores, gid, n_groups: int, norm_by_std: bool = True, epsilon: float = 1e-6):
+    """:func:`grpo_group_advantages` without its checks, for the inputs :func:`read_batch` made (the estimators)."""
     layout = group_layout(gid, n_groups)
     sorted_scores = scores[layout.order]
     mean = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
@@ -571,8 +747,9 @@ def grpo_group_advantages(
     for _, groups, idx in layout.buckets(min_size=2):  # verl: mean 0, std 1 for a lone response
         table = sorted_scores[idx]  # (n_s, size)
         mean[groups] = torch.mean(table, dim=1)
-        std[groups] = torch.std(table, dim=1)
-        constant[groups] = table.amax(dim=1) == table.amin(dim=1)
+        same = table.amax(dim=1) == table.amin(dim=1)
+        constant[groups] = same
+        std[groups] = torch.where(same, 1.0, torch.std(table, dim=1))  # 0 / (1 + epsilon): 0 even for epsilon 0
     centred = torch.where(constant[gid], torch.zeros((), dtype=scores.dtype), scores - mean[gid])
     return centred / (std[gid] + epsilon) if norm_by_std else centred
 
@@ -586,18 +763,32 @@ def reference_ppl_mask(ref_ppl: torch.Tensor, correct: torch.Tensor, ref_high: f
     """The noise mask m(o) of CAPO's Eq. 18.
 
     Args:
-        ref_ppl: ``(bs,)`` reference-model perplexity ``exp(-mean ref_log_prob)`` (>= 1 for real models).
+        ref_ppl: ``(bs,)`` real reference-model perplexity ``exp(-mean ref_log_prob)`` (>= 1 for real models).
         correct: ``(bs,)`` bool.
-        ref_high, ref_low: thresholds (perplexity units).
+        ref_high, ref_low: thresholds (perplexity units): ``ref_high`` a finite number >= 1, ``ref_low`` a finite
+            number > 0 and <= ``ref_high`` (as :class:`~capo_verl.estimators.capo.CapoConfig` and the start checks).
 
     Returns:
         ``(bs,)`` bool, False where the response's advantage is dropped: correct with PPL_ref > ref_high,
         or incorrect with PPL_ref < ref_low.
 
     Raises:
-        EstimatorInputError: a ``ref_ppl`` below 1 (:func:`check_reference_ppl`).
+        TypeError: ``ref_ppl`` or ``correct`` not a ``torch.Tensor`` (:func:`check_rows`).
+        EstimatorInputError: ``ref_ppl`` not real, ``correct`` not bool, or the two of different lengths
+            (:func:`check_rows`); a ``ref_ppl`` that is NaN or below 1 (:func:`check_reference_ppl`); ``ref_high`` or
+            ``ref_low`` outside its range, or ``ref_high`` < ``ref_low`` (:func:`check_constant`).
     """
-    check_reference_ppl("reference_ppl_mask", ref_ppl)
+    name = "reference_ppl_mask"
+    check_rows(name, ref_ppl=ref_ppl, correct=correct)
+    ref_high = check_constant(name, "ref_high", ref_high, 1.0, hint="a perplexity is >= 1; the paper uses 2.5")
+    ref_low = check_constant(name, "ref_low", ref_low, 0.0, low_open=True, hint="the paper uses 1.05")
+    if ref_high < ref_low:
+        raise EstimatorInputError(
+            f"{name}: ref_high ({ref_high:g}) is below ref_low ({ref_low:g}); Eq. 18 needs ref_low <= ref_high "
+            "(the paper's window is ref_low 1.05, ref_high 2.5): are they swapped? The signature is "
+            "reference_ppl_mask(ref_ppl, correct, ref_high, ref_low)"
+        )
+    check_reference_ppl(name, ref_ppl)
     return noise_mask(ref_ppl, correct, ref_high, ref_low)
 
 

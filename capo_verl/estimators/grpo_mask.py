@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from capo_verl.estimators.capo import CapoConfig, uses_noise_mask
+from capo_verl.estimators.capo import CapoConfig, mask_keys_unread, uses_noise_mask
 from capo_verl.estimators.common import (
-    grpo_group_advantages,
+    _grpo_group_advantages,
     noise_mask,
     norm_adv_by_std,
     read_batch,
@@ -22,12 +22,20 @@ from capo_verl.estimators.registry import register_estimator
 __all__ = ["compute_grpo_mask_outcome_advantage"]
 
 
+def _unread_keys(cfg: CapoConfig) -> dict[str, tuple[str, str]]:
+    """``algorithm.capo`` keys grpo_mask does not read: CAPO's ranking keys (``tau``, ``normalize``), and the
+    thresholds with the mask off."""
+    ranking = ("grpo_mask ranks no pairs (its advantage is GRPO's times the mask)", "set algorithm.adv_estimator=capo")
+    return {"tau": ranking, "normalize": ranking, **mask_keys_unread(cfg)}
+
+
 @register_estimator(
     "grpo_mask",
     batch_keys=("ref_log_prob",),
     section="capo",
     config_class=CapoConfig,
     needs_reference_policy=uses_noise_mask,
+    unread_keys=_unread_keys,
 )
 def compute_grpo_mask_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -65,7 +73,7 @@ def compute_grpo_mask_outcome_advantage(
         "grpo_mask", token_level_rewards, response_mask, index, cfg.reward_threshold,
         need_lpm=False, ref_log_prob=ref_log_prob if cfg.use_mask else None, need_ref=cfg.use_mask,
     )  # fmt: skip
-    adv = grpo_group_advantages(batch.score, batch.gid, batch.n_groups, norm_adv_by_std(config))
+    adv = _grpo_group_advantages(batch.score, batch.gid, batch.n_groups, norm_adv_by_std(config))  # read_batch's
     if cfg.use_mask:
         keep = noise_mask(batch.ref_ppl, batch.correct, cfg.ref_high, cfg.ref_low)  # ref_ppl checked by read_batch
         adv = adv * keep

@@ -17,7 +17,7 @@ function, in a module of :mod:`capo_verl.estimators` or in any module imported i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["ESTIMATORS", "EstimatorSpec", "config_sections", "on_declare", "register_estimator"]
@@ -37,6 +37,9 @@ class EstimatorSpec:
         config_class: the frozen dataclass that parses that section (``from_algorithm_config(algorithm)``).
         needs_reference_policy: ``f(algorithm_config) -> bool``, true when it needs ``ref_log_prob``; or None.
         needs_training_step: it is passed ``global_step=`` (verl's ``trainer.global_steps``).
+        unread_keys: ``f(section_config) -> {key: (why, fix)}``: the keys of its section it does not read under that
+            parsed config (CAPO's thresholds with the mask off), each with the reason and another way to make the
+            key count; a key typed for it is refused at the start. None: it reads every key of its section.
     """
 
     name: str
@@ -46,6 +49,7 @@ class EstimatorSpec:
     config_class: type
     needs_reference_policy: Callable[[object], bool] | None = None
     needs_training_step: bool = False
+    unread_keys: Callable[[object], Mapping[str, tuple[str, str]]] | None = None
 
 
 #: ``algorithm.adv_estimator`` name -> how verl calls it; filled by :func:`register_estimator` when the estimator
@@ -73,6 +77,7 @@ def register_estimator(
     config_class: type,
     needs_reference_policy: Callable[[object], bool] | None = None,
     needs_training_step: bool = False,
+    unread_keys: Callable[[object], Mapping[str, tuple[str, str]]] | None = None,
 ):
     """Decorator: declare ``fn`` as capo-verl's estimator ``name`` (:class:`EstimatorSpec`); returns ``fn`` unchanged.
 
@@ -83,6 +88,8 @@ def register_estimator(
         config_class: the dataclass that parses ``algorithm.<section>``.
         needs_reference_policy: ``f(algorithm_config) -> bool``, true when the run needs ``ref_log_prob``.
         needs_training_step: ``fn`` takes ``global_step=`` (verl's ``trainer.global_steps``).
+        unread_keys: ``f(section_config) -> {key: (why, fix)}``, the keys of ``section`` that ``fn`` does not read
+            under that config (:attr:`EstimatorSpec.unread_keys`); None when it reads them all.
 
     Raises:
         ValueError: ``name`` is already declared by another function, or ``section`` is already parsed by another
@@ -91,7 +98,7 @@ def register_estimator(
 
     def decorator(fn):
         spec = EstimatorSpec(
-            name, fn, tuple(batch_keys), section, config_class, needs_reference_policy, needs_training_step
+            name, fn, tuple(batch_keys), section, config_class, needs_reference_policy, needs_training_step, unread_keys
         )
         known = ESTIMATORS.get(name)
         if known is not None and known.fn is not fn:
