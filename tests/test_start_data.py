@@ -11,6 +11,7 @@ first shown with verl's own ``RLHFDataset`` (what the trainer builds), then refu
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -151,7 +152,7 @@ def test_data_verls_dataset_reduces_to_nothing_is_refused_naming_the_cause(
     [
         ("folder", r"\S+ is a folder; verl reads files \(\.parquet, \.json, \.jsonl\)"),
         ("csv", r"\S+train\.csv: verl reads only \.parquet, \.json, \.jsonl files"),
-        ("garbage", r"\S+garbage\.parquet is not a parquet file verl can read \(ArrowInvalid: "),
+        ("garbage", r"data file \S+garbage\.parquet: .* not the start of a parquet file"),
         ("no_reward", r"\S+ has no column 'reward_model', which verl's reward reads for every response"),
         ("empty", r"\S+empty\.parquet holds no rows"),
     ],
@@ -228,3 +229,32 @@ def test_a_tokenizer_larger_than_the_models_embedding_is_refused_with_both_numbe
     message = refusal(data, tmp_path / "run", f"actor_rollout_ref.model.path={model}")
     assert message.startswith(f"actor_rollout_ref.model.path={model}: "), message
     assert f"{tokens} tokens" in message and f"{tokens - 8} (vocab_size)" in message, message
+
+
+@pytest.mark.parametrize(
+    "broken, named",
+    [
+        (lambda text: text[: len(text) // 2], "config.json"),  # cut short
+        (lambda text: text.replace('"max_position_embeddings": 1024', '"max_position_embeddings": "1024"'), "'1024'"),
+    ],
+    ids=["cut-short", "string-positions"],
+)
+def test_a_model_folder_whose_config_cannot_be_read_is_refused_in_one_line(data, tmp_path, broken, named):
+    inputs, _ = data
+    model = tmp_path / "model"
+    shutil.copytree(inputs.model, model)
+    text = (model / "config.json").read_text()
+    assert '"max_position_embeddings": 1024' in text
+    (model / "config.json").write_text(broken(text))
+    message = refusal(data, tmp_path / "run", f"actor_rollout_ref.model.path={model}")
+    assert message.startswith(f"actor_rollout_ref.model.path={model}: ") and named in message, message
+    assert "config.json" in message.rsplit("; ", 1)[1], message
+
+
+@pytest.mark.parametrize("key", ["data.train_files", "data.val_files"])
+def test_a_fifo_given_as_data_is_refused_without_opening_it(data, tmp_path, key):
+    """A reader that opens a FIFO waits for a writer: the start blocked until it was killed."""
+    fifo = tmp_path / "f.parquet"
+    os.mkfifo(fifo)
+    message = refusal(data, tmp_path, f"{key}={fifo}")
+    assert message.startswith(f"{key}={fifo}: ") and "FIFO" in message, message

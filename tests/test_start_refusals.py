@@ -206,6 +206,8 @@ MORE = [
     (["algorithm.adv_estimator=cde", N1], N1, ["cde"]),
     (["algorithm.adv_estimator=rloo", N1], N1, ["rloo"]),
     (["algorithm.adv_estimator=grpo", "algorithm.capo.tau=0.4"], "algorithm.capo.tau=0.4", ["capo", "grpo"]),
+    (["algorithm.capo.use_mask=false", "algorithm.capo.ref_low=1.2"], "algorithm.capo.ref_low=1.2", ["use_mask"]),
+    (["algorithm.adv_estimator=grpo_mask", "algorithm.capo.tau=0.3"], "algorithm.capo.tau=0.3", ["grpo_mask"]),
     (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3", []),
     (["trainer.total_epochs=0"], "trainer.total_epochs=0", []),
     (["trainer.total_training_steps=null"], "trainer.save_freq=null", []),  # ${trainer.total_training_steps}

@@ -104,19 +104,54 @@ def test_a_second_ablation_is_refused_by_the_launch_script(tmp_path, configs):
     assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
 
 
+def test_each_ablation_stands_for_keys_it_sets():
+    """``capo_run.sets`` names keys the ablation's file sets (all of its ``algorithm.<changes>`` keys where it
+    declares ``changes``): those are refused when typed beside it."""
+    import yaml
+
+    def leaves(node, prefix=""):
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+
+    for ablation in ABLATIONS:
+        data = yaml.safe_load((REPO / "configs" / "ablation" / f"{ablation}.yaml").read_text()) or {}
+        run = data.get("capo_run", {})
+        sets = set(leaves({"algorithm": data.get("algorithm", {})}))
+        assert set(run.get("sets", [])) <= sets and (run.get("sets") or ablation == "none"), (ablation, run)
+        if run.get("changes"):
+            assert set(run["sets"]) == sets, (ablation, run)
+
+
+def test_a_key_typed_beside_the_ablation_that_sets_it_is_refused_by_the_launch_script(tmp_path, configs):
+    """``ablation=tau0.4 algorithm.capo.tau=0.9`` named the run ``..._tau0.4`` and trained tau 0.9."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_capo_qwen2.5_math_1.5b.sh"), "--dry-run"]
+        + ["ablation=tau0.4", "algorithm.capo.tau=0.9"],
+        env=configs.script_env(HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, (proc.stdout[-1500:], proc.stderr[-1500:])
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert "algorithm.capo.tau=0.9" in line and "ablation=tau0.4" in line, line
+    assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
+
+
 def test_compare_hands_a_methods_keys_only_to_the_methods_that_read_them(tmp_path):
     from capo_verl.compare.running import train_command
 
-    shared = ["algorithm.capo.ref_high=4.0", "+algorithm.codapo.percentile=0.5", "data.train_batch_size=4"]
-    shared.append("+actor_rollout_ref.actor.policy_loss.simko.top_k=3")
+    shared = ["algorithm.capo.ref_high=4.0", "algorithm.capo.tau=0.5", "+algorithm.codapo.percentile=0.5"]
+    shared += ["data.train_batch_size=4", "+actor_rollout_ref.actor.policy_loss.simko.top_k=3"]
     kept = {
         method: [o for o in shared if o in train_command(method, "c", tmp_path, tmp_path / method, shared)]
-        for method in ("grpo", "capo", "grpo_mask", "codapo", "simko")
+        for method in ("grpo", "capo", "capo_no_mask", "grpo_mask", "codapo", "simko")
     }
     assert kept == {
         "grpo": ["data.train_batch_size=4"],
-        "capo": ["algorithm.capo.ref_high=4.0", "data.train_batch_size=4"],
-        "grpo_mask": ["algorithm.capo.ref_high=4.0", "data.train_batch_size=4"],
+        "capo": ["algorithm.capo.ref_high=4.0", "algorithm.capo.tau=0.5", "data.train_batch_size=4"],
+        "capo_no_mask": ["algorithm.capo.tau=0.5", "data.train_batch_size=4"],  # no mask: no thresholds
+        "grpo_mask": ["algorithm.capo.ref_high=4.0", "data.train_batch_size=4"],  # no ranking: no tau
         "codapo": ["+algorithm.codapo.percentile=0.5", "data.train_batch_size=4"],
         "simko": ["data.train_batch_size=4", "+actor_rollout_ref.actor.policy_loss.simko.top_k=3"],
     }

@@ -75,7 +75,9 @@ def read_by(method: str, override: str) -> bool:
     """Whether the run of ``method`` reads the shared ``override``: a method's own keys (``algorithm.<section>.*``
     of an estimator's section, SimKO's ``actor_rollout_ref.actor.policy_loss.simko.*``) go only to the methods that
     read them, as verl's start refuses a typed key that the run does not read
-    (:func:`capo_verl.compat.methods.check_typed_keys`); every other key goes to every method."""
+    (:func:`capo_verl.compat.methods.check_typed_keys`): the keys of the method's section that its own overrides
+    leave unread (``algorithm.capo.ref_high`` with ``capo_no_mask``) included; every other key goes to every
+    method."""
     from capo_verl.compat.methods import SIMKO_SECTION
     from capo_verl.estimators.registry import ESTIMATORS, config_sections
 
@@ -84,7 +86,19 @@ def read_by(method: str, override: str) -> bool:
     parts = key.split(".")
     if key.startswith("algorithm.") and len(parts) >= 3 and parts[1] in config_sections():
         estimator = ESTIMATORS.get(own.get("algorithm.adv_estimator", ""))
-        return estimator is not None and estimator.section == parts[1]
+        if estimator is None or estimator.section != parts[1]:
+            return False
+        if estimator.unread_keys is None:
+            return True
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        section = {}
+        for typed in METHODS[method].overrides:  # the method's own keys of the section, as Hydra reads them
+            parsed = parser.parse_override(typed)
+            if parsed.key_or_group.startswith(f"algorithm.{parts[1]}."):
+                section[parsed.key_or_group.rpartition(".")[2]] = parsed.value()
+        return parts[2] not in estimator.unread_keys(estimator.config_class(**section))
     if key.startswith(SIMKO_SECTION):
         return own.get("actor_rollout_ref.actor.policy_loss.loss_mode") == "simko"
     return True

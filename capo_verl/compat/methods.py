@@ -219,18 +219,30 @@ def check_ablation(config, name: str | None) -> None:
     named the run ``grpo_tau0.4`` and trained plain GRPO. A config without ``capo_run`` (verl's own, the CPU configs)
     is not checked.
 
+    A key the ablation stands for (``capo_run.sets``) typed on the command line as well is refused:
+    ``ablation=tau0.4 algorithm.capo.tau=0.9`` named the run ``..._tau0.4`` and trained tau 0.9.
+
     Raises:
         ValueError: the estimator ``name`` does not read ``algorithm.<changes>``; the message names the ablation, the
-            section, the estimators that read it and a fix.
+            section, the estimators that read it and a fix. Or a typed override of a key in ``capo_run.sets``.
     """
     run = _get(config, "capo_run")
+    ablation = _get(run, "ablation")
+    stands_for = set(_get(run, "sets") or ())
+    for arg in _typed_overrides():
+        key = arg.partition("=")[0].lstrip("+")
+        if key in stands_for:
+            raise ValueError(
+                f"{arg}: ablation={ablation} sets {key} itself (the run is named after it, "
+                f"capo_run.tag={_get(run, 'tag')}), so the run would train another value under the ablation's name; "
+                f"remove {arg} from the command line, or drop ablation={ablation} and type the keys you want"
+            )
     changes = _get(run, "changes")
     if changes is None or name is None:
         return
     readers = sorted(spec.name for spec in ESTIMATORS.values() if spec.section == changes)
     if name in readers:
         return
-    ablation = _get(run, "ablation")
     raise ValueError(
         f"ablation={ablation}: it changes algorithm.{changes}, which algorithm.adv_estimator={name} does not read "
         f"(read by {', '.join(readers) or 'no estimator'}), so the run would train {name} under the ablation's "
@@ -256,17 +268,31 @@ def _typed_overrides() -> list[str]:
 def check_typed_keys(config, name: str | None) -> None:
     """A key typed on the command line for a method the run does not use is refused: ``algorithm.<section>.*`` of a
     section the estimator ``name`` does not read (``+algorithm.capo.tau=0.4`` on the GRPO config was accepted and
-    trained plain GRPO), and SimKO's keys without ``loss_mode=simko``. Only the command line's keys: a config may
-    carry a section for another run (``configs/compare_smollm2_135m_cpu.yaml`` sets CAPO's thresholds for its GRPO
-    run too).
+    trained plain GRPO), a key of the estimator's own section that it does not read under the run's values
+    (:attr:`~capo_verl.estimators.registry.EstimatorSpec.unread_keys`: ``algorithm.capo.ref_low`` with the mask
+    off, ``algorithm.capo.tau`` with grpo_mask), and SimKO's keys without ``loss_mode=simko``. Only the command
+    line's keys: a config may carry a section for another run (``configs/compare_smollm2_135m_cpu.yaml`` sets CAPO's
+    thresholds for its GRPO run too).
 
     Raises:
         ValueError: naming the override, the estimators (or the loss mode) that read it, and a fix.
     """
-    used = ESTIMATORS[name].section if name in ESTIMATORS else None
+    spec = ESTIMATORS.get(name)
+    used = spec.section if spec is not None else None
+    unread = None
     for arg in _typed_overrides():
         key = arg.partition("=")[0].lstrip("+")
         section = key.split(".")[1] if key.startswith("algorithm.") and key.count(".") >= 2 else None
+        if section is not None and section == used and spec.unread_keys is not None:
+            if unread is None:
+                unread = spec.unread_keys(spec.config_class.from_algorithm_config(_get(config, "algorithm")))
+            field = key.split(".")[2]
+            if field in unread:
+                why, other = unread[field]
+                raise ValueError(
+                    f"{arg}: algorithm.adv_estimator={name} does not read {key} in this run, as {why}, so nothing "
+                    f"would read it; remove it from the command line, or {other}"
+                )
         if section in config_sections() and section != used:
             readers = sorted(spec.name for spec in ESTIMATORS.values() if spec.section == section)
             raise ValueError(

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from omegaconf.errors import OmegaConfBaseException
 
 from capo_verl.commands import folder_problem
+from capo_verl.inputs import NotADataFile, check_data_file
+from capo_verl.outputs import SymlinkLoop
 
 __all__ = [
     "MISSING",
@@ -205,6 +207,14 @@ class Refusal:
         return f"{self.subject}: {self.problem}; {self.fix}"
 
 
+class Refused(Exception):
+    """Raised by a helper of the rules with its :class:`Refusal`, which :func:`run_rules` raises as the rule's."""
+
+    def __init__(self, refusal: Refusal):
+        super().__init__(refusal.message())
+        self.refusal = refusal
+
+
 @dataclass(frozen=True)
 class Context:
     """What the rules need to know of the run besides its config (:func:`check_run_config`'s arguments)."""
@@ -248,7 +258,10 @@ def run_rules(rules: Iterable[Rule], config, ctx: Context) -> None:
     for rule in rules:
         if rule.here_only and not here:
             continue
-        refusal = rule.check(config, ctx)
+        try:
+            refusal = rule.check(config, ctx)
+        except Refused as exc:  # found inside a helper the rule calls (an unreadable model folder)
+            refusal = exc.refusal
         if refusal is not None:
             raise ValueError(refusal.message())
 
@@ -923,7 +936,9 @@ def _data_files(config, ctx: Context) -> Refusal | None:
                 return Refusal(
                     f"{key}={format_value(value)}", "must be a path, or a list of paths, of parquet files", fix
                 )
-            if not _is_local(path) or os.path.exists(path) or os.path.abspath(path) in files:
+            if not _is_local(path) or os.path.abspath(path) in files:
+                continue
+            if os.path.exists(path):
                 continue
             return Refusal(
                 f"{key}={format_value(value)}",
@@ -999,7 +1014,8 @@ def _data_fix(key: str) -> str:
 
 
 def _parquet_schema_problem(path: str, prompt_key: str) -> str | None:
-    """Why verl cannot read ``path`` as its data, from the file's name and parquet footer; None when it can."""
+    """Why verl cannot read ``path`` as its data, from the file's name, its metadata, first and last bytes
+    (:func:`capo_verl.inputs.check_data_file`) and parquet footer; None when it can."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -1007,6 +1023,10 @@ def _parquet_schema_problem(path: str, prompt_key: str) -> str | None:
         return f"{path} is a folder; verl reads files ({', '.join(DATA_SUFFIXES)})"
     if not path.endswith(DATA_SUFFIXES):
         return f"{path}: verl reads only {', '.join(DATA_SUFFIXES)} files (its RLHFDataset refuses any other)"
+    try:  # a FIFO (which blocked the start until it was killed), a device, a sparse file, another format's bytes
+        check_data_file(path, "data file")
+    except (NotADataFile, SymlinkLoop) as exc:
+        return str(exc)
     if not path.endswith(".parquet"):
         return None  # JSON: read by verl's dataset below
     try:
@@ -1055,14 +1075,25 @@ def _trust_remote_code(config) -> bool:
 def _tokenizer(config):
     """verl's tokenizer and processor of the actor's model (``verl.utils.hf_tokenizer``, ``hf_processor``, as its
     ``HFModelConfig`` loads them: from ``model.tokenizer_path``, else ``model.path``), or None when that is not a
-    local folder."""
+    local folder; :class:`Refused` when transformers cannot read them."""
     local = _local_model_file(config, f"{_MODEL}.tokenizer_path")
     if local is None:
         return None
     from verl.utils import hf_processor, hf_tokenizer
 
     trust = _trust_remote_code(config)
-    return hf_tokenizer(local, trust_remote_code=trust), hf_processor(local, trust_remote_code=trust, use_fast=True)
+    try:
+        return hf_tokenizer(local, trust_remote_code=trust), hf_processor(local, trust_remote_code=trust, use_fast=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        why = _one_line(exc)
+        key = f"{_MODEL}.tokenizer_path" if select(config, f"{_MODEL}.tokenizer_path") else f"{_MODEL}.path"
+        raise Refused(
+            Refusal(
+                f"{key}={format_value(select(config, key))}",
+                f"transformers cannot read the tokenizer in {local} ({type(exc).__name__}: {why})",
+                "fix or replace the folder's tokenizer files (tokenizer.json, tokenizer_config.json)",
+            )
+        ) from exc
 
 
 def _model_positions(config) -> int | None:
@@ -1073,18 +1104,52 @@ def _model_positions(config) -> int | None:
     if local is None:
         return None
     from omegaconf import OmegaConf
-    from transformers import AutoConfig
     from verl.utils.model import update_model_config
     from verl.workers.rollout.utils import get_max_position_embeddings
 
-    hf_config = AutoConfig.from_pretrained(local, trust_remote_code=_trust_remote_code(config))
+    hf_config = _hf_config(config, local)
     overrides = select(config, f"{_MODEL}.override_config")
     overrides = OmegaConf.to_container(overrides) if OmegaConf.is_config(overrides) else {}
     update_model_config(hf_config, override_config_kwargs=overrides.get("model_config", overrides))
     try:
-        return get_max_position_embeddings(hf_config)
+        positions = get_max_position_embeddings(hf_config)
     except ValueError:
         return None
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+        raise Refused(
+            Refusal(
+                f"{_MODEL}.path={format_value(select(config, f'{_MODEL}.path'))}",
+                f"the model's config.json gives max_position_embeddings={positions!r}, not a positive integer",
+                "fix the model's config.json, or use another model folder",
+            )
+        )
+    return positions
+
+
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    """``exc``'s message on one line, at most ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _hf_config(config, local: str):
+    """The model's ``config.json`` as transformers reads it (``AutoConfig``), or :class:`Refused` naming the folder
+    when it cannot be read (cut short, not JSON, no ``model_type``)."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(local, trust_remote_code=_trust_remote_code(config))
+    except (OSError, ValueError, TypeError, KeyError, StrictDataclassError) as exc:  # the last: a field's type
+        why = _one_line(exc)
+        raise Refused(
+            Refusal(
+                f"{_MODEL}.path={format_value(select(config, f'{_MODEL}.path'))}",
+                f"transformers cannot read the model's config.json in {local} ({type(exc).__name__}: {why})",
+                "fix or replace the folder's config.json (a Hugging Face model folder holds config.json, the "
+                "tokenizer files and the weights)",
+            )
+        ) from exc
 
 
 def _model_fits(config, ctx: Context) -> Refusal | None:
@@ -1111,9 +1176,7 @@ def _model_fits(config, ctx: Context) -> Refusal | None:
     local = _local_model_file(config, f"{_MODEL}.hf_config_path")
     tokens = _tokenizer(config) if local is not None else None
     if tokens is not None:
-        from transformers import AutoConfig
-
-        hf_config = AutoConfig.from_pretrained(local, trust_remote_code=_trust_remote_code(config))
+        hf_config = _hf_config(config, local)
         vocab = getattr(hf_config.get_text_config(), "vocab_size", None)
         if isinstance(vocab, int) and len(tokens[0]) > vocab:
             key = f"{_MODEL}.tokenizer_path" if select(config, f"{_MODEL}.tokenizer_path") else f"{_MODEL}.path"
