@@ -353,6 +353,7 @@ def check_method_configs(config) -> None:
         config,
         steps_per_loader_batch=2 if resample_config(config) is not None else 1,
         val_calib_required=reason if val_calib == REQUIRED else None,
+        method_sections=tuple(config_sections()),
     )
 
 

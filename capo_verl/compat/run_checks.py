@@ -223,6 +223,8 @@ class Context:
     steps_per_loader_batch: int = 1
     #: why the ``val-calib/*`` metrics are required, or None when they are not
     val_calib_required: str | None = None
+    #: the ``algorithm.<section>`` of every declared estimator (keys capo-verl reads that verl's config lacks)
+    method_sections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,13 @@ def run_rules(rules: Iterable[Rule], config, ctx: Context) -> None:
             raise ValueError(refusal.message())
 
 
-def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_required: str | None = None) -> None:
+def check_run_config(
+    config,
+    *,
+    steps_per_loader_batch: int = 1,
+    val_calib_required: str | None = None,
+    method_sections: tuple[str, ...] = (),
+) -> None:
     """Refuse, in one line, the first value of verl's keys that :data:`RULES` finds would fail late or do nothing.
 
     What the checks need to know of the run's method is given by the caller (the methods' check,
@@ -280,12 +288,14 @@ def check_run_config(config, *, steps_per_loader_batch: int = 1, val_calib_requi
         val_calib_required: why the ``val-calib/*`` metrics are required
             (:func:`capo_verl.compat.validation.val_calib_mode`'s reason when its mode is ``REQUIRED``), or None when
             they are not; their inputs are checked only when they are.
+        method_sections: every declared estimator's ``algorithm.<section>``
+            (:func:`capo_verl.estimators.registry.config_sections`), which verl's config lacks and capo-verl reads.
 
     Raises:
         ValueError: the first bad value found; the message names the key, its value, what is allowed and a fix
             (an override that works when appended to the command line).
     """
-    run_rules(RULES, config, Context(steps_per_loader_batch, val_calib_required))
+    run_rules(RULES, config, Context(steps_per_loader_batch, val_calib_required, tuple(method_sections)))
 
 
 def rules_table() -> str:
@@ -545,9 +555,7 @@ def _unread_new_keys(config, ctx: Context) -> Refusal | None:
     lacks (a free-form dict such as ``engine_kwargs``, or a section verl reads key by key) nothing is checked."""
     import difflib
 
-    from capo_verl.estimators.registry import ESTIMATORS
-
-    owned = {f"algorithm.{spec.section}" for spec in ESTIMATORS.values()} | set(CAPO_KEYS)
+    owned = {f"algorithm.{section}" for section in ctx.method_sections} | set(CAPO_KEYS)
     args = command_overrides()
     deleted = {a[1:].partition("=")[0] for a in args if a.startswith("~")}  # ``~key``: the key is gone again
     for arg in args:
