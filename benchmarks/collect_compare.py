@@ -6,9 +6,10 @@ Copies every file under SRC except checkpoints (``ckpt/``), Hydra's run folders 
 the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) and files over ``--max-mb``
 (listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
-With ``--gzip-dumps``, every JSON-lines file but ``attempts.jsonl`` (validation dumps, ``metrics.jsonl``,
-held-out generations, the teacher-forced pool) is stored as ``<name>.jsonl.gz`` (gzip, no timestamp: the same file
-gives the same bytes), and a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl`` beside
+With ``--compress-dumps`` (formerly ``--gzip-dumps``), every JSON-lines file but ``attempts.jsonl`` (validation
+dumps, ``metrics.jsonl``, held-out generations, the teacher-forced pool) is stored as ``<name>.jsonl.xz``
+(:func:`capo_verl.stored.xz_bytes`: the same file gives the same bytes; an older ``<name>.jsonl.gz`` beside it is
+removed), and a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl`` beside
 ``0.shared.json``) is left out where the pass it names is copied: every reader takes both forms
 (:mod:`capo_verl.stored`, :func:`capo_verl.compare.report.validation_dump`), as ``benchmarks/compress_results.py``
 stores the older studies.
@@ -27,7 +28,7 @@ import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 
-from capo_verl.stored import gzip_bytes
+from capo_verl.stored import COMPRESSED, XZ, xz_bytes
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
 SUMMARY_FILES = {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"}
@@ -65,19 +66,22 @@ def _shared_copy(src: Path, rel: Path) -> bool:
     return source.is_file() and source != src / rel and source.read_bytes() == (src / rel).read_bytes()
 
 
-def _gzip_dump(path: Path, target: Path) -> bool:
-    """Write ``path`` gzip-compressed (mtime 0) to ``target`` unless it holds the same bytes; returns True if
-    written."""
-    data = gzip_bytes(path.read_bytes())
-    if target.exists() and target.read_bytes() == data:
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    return True
+def _compress_dump(path: Path, target: Path) -> bool:
+    """Write ``path`` xz-compressed (:func:`capo_verl.stored.xz_bytes`) to ``target`` (``<name>.jsonl.xz``) unless it
+    holds the same bytes, and remove the dump's other compressed forms beside it; returns True if written."""
+    data = xz_bytes(path.read_bytes())
+    written = not (target.exists() and target.read_bytes() == data)
+    if written:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    for suffix in COMPRESSED:
+        if suffix != XZ:
+            target.with_suffix(suffix).unlink(missing_ok=True)
+    return written
 
 
 def collect(
-    src: Path, dest: Path, *, max_bytes: int, gzip_dumps: bool = False, skip: tuple[str, ...] = ()
+    src: Path, dest: Path, *, max_bytes: int, compress_dumps: bool = False, skip: tuple[str, ...] = ()
 ) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Copy as described in the module doc; returns the copied relative paths and the left-out ones, each with why
     (:data:`ONE_METHOD`, or ``over N MB``). ``skip``: globs of relative paths (a file's or a folder's above it) not
@@ -99,11 +103,11 @@ def collect(
         unit = _unit_of(src, rel)
         if unit is not None and not (src / unit / "done.json").exists() and name not in UNDER_WAY_FILES:
             continue
-        if gzip_dumps and name == "0.jsonl" and _shared_copy(src, rel):
+        if compress_dumps and name == "0.jsonl" and _shared_copy(src, rel):
             continue
-        if gzip_dumps and name.endswith(".jsonl") and name not in UNDER_WAY_FILES:
-            if _gzip_dump(path, dest / rel.with_name(name + ".gz")):
-                copied.append(rel.with_name(name + ".gz"))
+        if compress_dumps and name.endswith(".jsonl") and name not in UNDER_WAY_FILES:
+            if _compress_dump(path, dest / rel.with_name(name + XZ)):
+                copied.append(rel.with_name(name + XZ))
             continue
         if path.stat().st_size > max_bytes:
             left_out.append((rel, f"over {max_bytes / 2**20:g} MB"))
@@ -126,14 +130,19 @@ def main() -> None:
     p.add_argument("src", type=Path, help="the --out folder of capo-verl compare")
     p.add_argument("dest", type=Path, help="where in the repository")
     p.add_argument("--max-mb", type=float, default=8.0, help="leave out files larger than this (default 8 MB)")
-    p.add_argument("--gzip-dumps", action="store_true", help="store validation dumps as <step>.jsonl.gz")
+    p.add_argument(
+        "--compress-dumps",
+        "--gzip-dumps",  # its former name, in the commands that earlier studies record
+        action="store_true",
+        help="store the JSON-lines dumps as <name>.jsonl.xz",
+    )
     p.add_argument("--skip", action="append", default=[], metavar="PATTERN", help="leave out paths matching it")
     args = p.parse_args()
     copied, left_out = collect(
         args.src.expanduser(),
         args.dest,
         max_bytes=int(args.max_mb * 2**20),
-        gzip_dumps=args.gzip_dumps,
+        compress_dumps=args.compress_dumps,
         skip=tuple(args.skip),
     )
     for rel in copied:

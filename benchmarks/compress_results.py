@@ -1,9 +1,12 @@
-"""Store a study's raw dumps compressed, as they are committed: every ``*.jsonl`` under the folders given
-but compare's ``attempts.jsonl`` becomes
-``*.jsonl.gz`` (gzip level 9, mtime 0: the same file always gives the same bytes), and a method's copy of its
-seed's shared step-0 pass (``val_generations/0.jsonl[.gz]`` beside ``0.shared.json``) is removed where the pass it
-names is kept and holds the recorded SHA-256. Every reader takes both forms (:mod:`capo_verl.stored`,
-:func:`capo_verl.compare.report.validation_dump`), so summaries, figures and numbers read the same.
+"""Store a study's raw dumps compressed, as they are committed: every ``*.jsonl`` under the folders given but
+compare's ``attempts.jsonl``, and every ``*.jsonl.gz`` of an earlier study, becomes ``*.jsonl.xz``
+(:func:`capo_verl.stored.xz_bytes`: the same file always gives the same bytes), and a method's copy of its seed's
+shared step-0 pass (``val_generations/0.jsonl[.xz|.gz]`` beside ``0.shared.json``) is removed where the pass it names
+is kept and holds the recorded SHA-256. A ``0.shared.json`` that names its pass by a compressed file's name and
+records that file's SHA-256 (a run that took a committed pass) is rewritten to name the plain dump and record the
+SHA-256 of its decompressed bytes, after checking the old record, so that it still holds once the file is stored
+anew. Every reader takes every form (:mod:`capo_verl.stored`, :func:`capo_verl.compare.report.validation_dump`), so
+summaries, figures and numbers read the same.
 
     .venv/bin/python benchmarks/compress_results.py benchmarks/results            # in place
     .venv/bin/python benchmarks/compress_results.py --dry-run benchmarks/results  # what it would do
@@ -17,10 +20,14 @@ import json
 from pathlib import Path
 
 from capo_verl.compare.report import SHARED_STEP0
-from capo_verl.stored import compress, read_bytes, stored
+from capo_verl.stored import COMPRESSED, GZ, compress, plain_name, read_bytes, stored
 
 #: compare's own records of a unit's starts (a few lines; read and appended to as they are), not raw dumps
 KEPT_PLAIN = {"attempts.jsonl"}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def shared_copies(root: Path) -> list[Path]:
@@ -30,14 +37,34 @@ def shared_copies(root: Path) -> list[Path]:
     for marker in sorted(root.rglob(SHARED_STEP0)):
         copy = stored(marker.parent / "0.jsonl")
         record = json.loads(marker.read_text())
-        source = stored(marker.parent.parent.parent / record["from"].removesuffix(".gz"))
+        source = stored(plain_name(marker.parent.parent.parent / record["from"]))
         if not copy.exists() or not source.exists() or copy == source:
             continue
-        plain = hashlib.sha256(read_bytes(source)).hexdigest()
-        recorded = record["sha256"] in (plain, hashlib.sha256(source.read_bytes()).hexdigest())
-        if recorded and hashlib.sha256(read_bytes(copy)).hexdigest() == plain:
+        plain = _sha256(read_bytes(source))
+        recorded = record["sha256"] in (plain, _sha256(source.read_bytes()))
+        if recorded and _sha256(read_bytes(copy)) == plain:
             redundant.append(copy)
     return redundant
+
+
+def markers_by_file(root: Path) -> list[tuple[Path, dict]]:
+    """``(marker, new record)`` for every :data:`SHARED_STEP0` under ``root`` that names a compressed file and
+    records that file's own SHA-256: the new record names the plain dump and the SHA-256 of its decompressed bytes.
+
+    Raises:
+        ValueError: such a marker's file is missing or differs from the recorded SHA-256 (nothing is changed).
+    """
+    found = []
+    for marker in sorted(root.rglob(SHARED_STEP0)):
+        record = json.loads(marker.read_text())
+        named = marker.parent.parent.parent / record["from"]
+        if named.suffix not in COMPRESSED:
+            continue
+        if not named.exists() or _sha256(named.read_bytes()) != record["sha256"]:
+            raise ValueError(f"{marker}: {named} is missing or not the file it recorded (SHA-256); left as it is")
+        new = {**record, "from": str(plain_name(Path(record["from"]))), "sha256": _sha256(read_bytes(named))}
+        found.append((marker, new))
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,15 +73,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
     args = p.parse_args(argv)
     before = after = 0
+    markers = {root: markers_by_file(root) for root in args.folders}  # a marker that does not hold: nothing changes
     for root in args.folders:
         for copy in shared_copies(root):
             before += copy.stat().st_size
             print(f"remove (the seed's step-0 pass, kept once): {copy}")
             if not args.dry_run:
                 copy.unlink()
-        for path in sorted(p for p in root.rglob("*.jsonl") if p.name not in KEPT_PLAIN):
-            size = path.stat().st_size
-            before += size
+        for marker, record in markers[root]:  # before the files they name are stored anew
+            print(f"name the plain dump: {marker}")
+            if not args.dry_run:
+                marker.write_text(json.dumps(record, indent=1) + "\n")
+        dumps = [*root.rglob("*.jsonl"), *root.rglob("*.jsonl" + GZ)]
+        for path in sorted(p for p in dumps if plain_name(p).name not in KEPT_PLAIN):
+            before += path.stat().st_size
             print(f"compress: {path}")
             if not args.dry_run:
                 after += compress(path).stat().st_size

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from capo_verl.reward import compute_score
-from capo_verl.stored import read_text, stored
+from capo_verl.stored import COMPRESSED, plain_name, read_text, stored
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -60,7 +60,7 @@ def regrade_file(path: Path, pool: ThreadPoolExecutor) -> dict:
     n_old = sum(old)
     echoes = sum(o and not w for o, w in zip(old, new, strict=True))
     return {
-        "file": str(path.relative_to(RESULTS)).removesuffix(".gz"),
+        "file": str(plain_name(path).relative_to(RESULTS)),
         "n": len(rows),
         "acc_old": n_old / len(rows) if rows else math.nan,
         "acc_new": sum(new) / len(rows) if rows else math.nan,
@@ -70,10 +70,11 @@ def regrade_file(path: Path, pool: ThreadPoolExecutor) -> dict:
 
 
 def response_files(study: Path) -> list[Path]:
-    """Every response file of a study, plain or compressed (``.jsonl.gz``), by the name of its plain form."""
+    """Every response file of a study, plain or compressed (``.jsonl.xz``, ``.jsonl.gz``), by the name of its plain
+    form."""
 
     def found(pattern: str, where=study.rglob) -> list[Path]:
-        plain = {p for p in where(pattern)} | {p.with_suffix("") for p in where(pattern + ".gz")}
+        plain = {plain_name(p) for s in ("", *COMPRESSED) for p in where(pattern + s)}
         return [stored(p) for p in plain]
 
     def order(p: Path) -> tuple[str, int]:

@@ -3,7 +3,7 @@
 A training result is trusted only after its rewarded answers are read: a reward that pays for a shortcut (pilot 1's
 echo of the question's expression, ``Answer: 12 + 5`` for 17) shows up as a rising accuracy. For each unit
 (``seed<k>/<method>``) of a ``capo-verl compare`` folder this prints, from verl's validation dump at ``--step``
-(``val_generations/<step>.jsonl`` or its ``.gz``):
+(``val_generations/<step>.jsonl`` or its ``.xz`` / ``.gz``):
 
 - ``n``: responses; ``correct``: responses the reward paid (``acc``, else ``score`` > 0.5), and their share;
 - ``plain``: the share of the paid responses whose extracted answer (``pred``) is a plain number; the solving-only
@@ -104,7 +104,7 @@ def report(folder: Path, step: int, top: int) -> str:
     """
     found = units(folder, step)
     if not found:
-        raise FileNotFoundError(f"{folder}: no seed<k>/<method>/val_generations/{step}.jsonl[.gz]")
+        raise FileNotFoundError(f"{folder}: no seed<k>/<method>/val_generations/{step}.jsonl[.xz|.gz]")
     lines = [
         f"# Rewarded answers at step {step}",
         "",

@@ -4,11 +4,12 @@
     python benchmarks/step0_check.py benchmarks/results/compare_main_cpu/units/seed3/step0 \\
         benchmarks/results/compare_main_cpu/units/failed/seed3_grpo_attempt1
 
-Each argument is a run folder holding ``val_generations/0.jsonl`` (or ``.jsonl.gz``). Prints the share of identical
-responses (:func:`capo_verl.compare.seeds.pass_agreement`, both ways), the largest difference of a response's mean
-token log-prob (lpm, nats) between the two passes, matched by question, response text and reward, and each pass's
-accuracy (mean@k) and AUC-mean (:func:`capo_verl.compare.statistics.pass_summary`). The main run's plan shares the
-step-0 pass only if the responses are identical (``benchmarks/results/compare_main_cpu/README.md``, item 2).
+Each argument is a run folder holding ``val_generations/0.jsonl`` (or ``.jsonl.xz`` / ``.gz``). Prints the share of
+identical responses (:func:`capo_verl.compare.seeds.pass_agreement`, both ways), the largest difference of a
+response's mean token log-prob (lpm, nats) between the two passes, matched by question, response text and reward, and
+each pass's accuracy (mean@k) and AUC-mean (:func:`capo_verl.compare.statistics.pass_summary`). The main run's plan
+shares the step-0 pass only if the responses are identical
+(``benchmarks/results/compare_main_cpu/README.md``, item 2).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def compare(a: Path, b: Path) -> dict:
     for dump in dumps:
         if not dump.exists():
             raise FileNotFoundError(
-                f"{dump}: no step-0 validation pass (val_generations/0.jsonl[.gz]). A seed's pass is made by "
+                f"{dump}: no step-0 validation pass (val_generations/0.jsonl[.xz|.gz]). A seed's pass is made by "
                 "`capo-verl compare --share-step0 --step0-only` (for the main run: SEED=k METHOD=step0 bash "
                 "benchmarks/results/compare_main_cpu/run_main.sh); a training run makes one with "
                 "trainer.val_before_train=true"
@@ -71,7 +72,7 @@ def compare(a: Path, b: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("a", type=Path, help="a run folder with val_generations/0.jsonl[.gz] (e.g. <seed>/step0)")
+    p.add_argument("a", type=Path, help="a run folder with val_generations/0.jsonl[.xz|.gz] (e.g. <seed>/step0)")
     p.add_argument("b", type=Path, help="another, with a pass of the same weights")
     args = p.parse_args(argv)
     try:

@@ -10,8 +10,8 @@ not data (a folder, a device, a sparse file of holes, a file of another format) 
 - a file of more than :data:`SPARSE_MIN_BYTES` of which less than an eighth holds data (the rest holes, as
   ``SEEK_HOLE`` reports them) is a sparse file, not data (:class:`NotADataFile`);
 - the first bytes must be those of its format: ``PAR1`` at both ends of a ``.parquet`` file, the gzip magic of a
-  ``.gz`` file, and for ``.jsonl`` / ``.json`` a ``{`` or ``[`` as the first byte that is not white space (after a
-  UTF-8 byte-order mark), with no NUL byte in the first 4 KiB (:class:`NotADataFile`);
+  ``.gz`` file, the xz magic of a ``.xz`` file, and for ``.jsonl`` / ``.json`` a ``{`` or ``[`` as the first byte
+  that is not white space (after a UTF-8 byte-order mark), with no NUL byte in the first 4 KiB (:class:`NotADataFile`);
 - a whole-file ``.json`` larger than :data:`MAX_JSON_BYTES` is refused (use JSON lines); a JSON line longer than
   :data:`MAX_LINE_BYTES` is refused when it is reached, before it is held whole (:class:`BadDataLine`).
 
@@ -62,10 +62,7 @@ class BadDataLine(commands.UsageError):
 
 
 def _format(path: Path) -> str:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        return ".gz"
-    return suffixes[-1] if suffixes else ""
+    return path.suffix.lower()
 
 
 def check_data_file(
@@ -75,8 +72,8 @@ def check_data_file(
     last bytes only (module docstring).
 
     Args:
-        path: the file (``~`` expanded). Its format is its suffix: ``.parquet``, ``.jsonl``, ``.json`` or ``.gz``;
-            another suffix is left to the reader (only the metadata checks apply).
+        path: the file (``~`` expanded). Its format is its suffix: ``.parquet``, ``.jsonl``, ``.json``, ``.gz`` or
+            ``.xz``; another suffix is left to the reader (only the metadata checks apply).
         what: what it is, for the messages (``"generation file"``).
         hint: appended to the missing-file message, e.g. ``"write one with `capo-verl eval generate`"``.
         folder_hint: the message's end for a folder (default ``"pass a file"``).
@@ -113,7 +110,7 @@ def check_data_file(
             f"{what} {given}: {size / 2**20:.0f} MiB of JSON, more than {MAX_JSON_BYTES // 2**20} MiB read whole; "
             "write it as JSON lines (.jsonl) or parquet"
         )
-    if size == 0 or fmt not in (".parquet", ".gz", ".jsonl", ".json"):
+    if size == 0 or fmt not in (".parquet", ".gz", ".xz", ".jsonl", ".json"):
         return given
     with open(real, "rb") as f:
         head = f.read(_HEAD)
@@ -127,6 +124,9 @@ def check_data_file(
     elif fmt == ".gz":
         if head[:2] != b"\x1f\x8b":
             raise NotADataFile(f"{what} {given}: {_shown(head)} is not the start of a gzip file")
+    elif fmt == ".xz":
+        if head[:6] != b"\xfd7zXZ\x00":
+            raise NotADataFile(f"{what} {given}: {_shown(head)} is not the start of an xz file")
     else:
         text = head.removeprefix(_BOM)
         if b"\0" in text:

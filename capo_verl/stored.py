@@ -1,91 +1,107 @@
-"""JSON-lines files as a study stores them: plain, or gzip-compressed beside the plain name.
+"""JSON-lines files as a study stores them: plain, or compressed beside the plain name.
 
 A study's raw dumps (verl's validation dumps, ``metrics.jsonl``, held-out generations, teacher-forced pools) are
-written plain and committed compressed (``<name>.jsonl.gz``, ``benchmarks/collect_compare.py --gzip-dumps``). Every
-reader opens them through :func:`stored`, so that a folder of either form reads the same.
+written plain and committed compressed: ``<name>.jsonl.xz`` (:func:`compress`,
+``benchmarks/collect_compare.py --compress-dumps``), about a quarter smaller than gzip on these dumps, so that the
+tracked tree stays small enough to travel to a GPU machine. ``<name>.jsonl.gz`` (earlier studies, the shipped
+training file, user files) reads the same. Every reader opens them through :func:`stored`, so that a folder of any
+of the three forms reads the same.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import lzma
 import os
 import zlib
 from pathlib import Path
 from typing import IO
 
+XZ = ".xz"
 GZ = ".gz"
+#: the compressed forms a stored file may take, the one :func:`compress` writes first
+COMPRESSED = (XZ, GZ)
 
-#: what a damaged ``.gz`` file raises while it is read: cut short, a corrupt body, a bad header or CRC
-_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
-
-
-class _CheckedGzipFile(gzip.GzipFile):
-    """A :class:`gzip.GzipFile` whose every read turns a damaged file's error (:data:`_GZIP_ERRORS`) into
-    :class:`capo_verl.inputs.NotADataFile` naming the file and the fix, for every reader of :func:`open_binary`."""
-
-    def _damaged(self, exc: BaseException):
-        from capo_verl.inputs import NotADataFile
-
-        what = "is cut short" if isinstance(exc, EOFError) else "has a corrupt body"
-        kind = (
-            type(exc).__name__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__name__}"
-        )
-        return NotADataFile(
-            f"{self.name}: the gzip file {what} ({kind}: {exc}); it cannot be decompressed: "
-            "restore or recompress it from the original file"
-        )
+#: what a damaged compressed file raises while it is read: cut short, a corrupt body, a bad header or check
+_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError)
 
 
-def _checked(method):
-    """``method`` of :class:`gzip.GzipFile`, raising a damaged file's error as :meth:`_CheckedGzipFile._damaged`."""
+def _damaged(name, kind: str, exc: BaseException):
+    """:class:`capo_verl.inputs.NotADataFile` for the ``kind`` (gzip, xz) file ``name`` whose read raised ``exc``."""
+    from capo_verl.inputs import NotADataFile
 
-    @functools.wraps(method)
-    def read(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except _GZIP_ERRORS as exc:
-            raise self._damaged(exc) from None
-
-    return read
+    what = "is cut short" if isinstance(exc, EOFError) else "has a corrupt body"
+    error = type(exc).__name__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__name__}"
+    return NotADataFile(
+        f"{name}: the {kind} file {what} ({error}: {exc}); it cannot be decompressed: "
+        "restore or recompress it from the original file"
+    )
 
 
-for _name in ("read", "read1", "readinto", "readinto1", "readline", "peek", "seek"):
-    setattr(_CheckedGzipFile, _name, _checked(getattr(gzip.GzipFile, _name)))
+def _checked(cls: type, kind: str) -> type:
+    """A subclass of the reader ``cls`` (:class:`gzip.GzipFile`, :class:`lzma.LZMAFile`) whose every read turns a
+    damaged file's error (:data:`_ERRORS`) into :class:`capo_verl.inputs.NotADataFile` naming the file and the fix,
+    for every reader of :func:`open_binary`."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def read(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except _ERRORS as exc:
+                raise _damaged(self._given, kind, exc) from None
+
+        return read
+
+    def init(self, path, mode="rb"):
+        self._given = path
+        cls.__init__(self, path, mode)
+
+    methods = ("read", "read1", "readinto", "readinto1", "readline", "peek", "seek")
+    body = {name: wrap(getattr(cls, name)) for name in methods if hasattr(cls, name)}
+    return type(f"_Checked{cls.__name__}", (cls,), {"__init__": init, **body})
+
+
+_READERS = {GZ: _checked(gzip.GzipFile, "gzip"), XZ: _checked(lzma.LZMAFile, "xz")}
 
 
 def stored(path: str | os.PathLike) -> Path:
-    """``path`` if it exists, else ``path.gz`` if that exists (a committed, compressed copy), else ``path``.
+    """``path`` if it exists, else ``path.xz`` or else ``path.gz`` if one exists (a committed, compressed copy),
+    else ``path``.
 
-    A name that already ends in ``.gz`` is returned as it is.
+    A name that already ends in ``.xz`` or ``.gz`` is returned as it is.
     """
     path = Path(path)
-    if path.suffix == GZ or path.exists():
+    if path.suffix in COMPRESSED or path.exists():
         return path
-    gz = path.with_name(path.name + GZ)
-    return gz if gz.exists() else path
+    for suffix in COMPRESSED:
+        packed = path.with_name(path.name + suffix)
+        if packed.exists():
+            return packed
+    return path
 
 
 def open_binary(path: str | os.PathLike) -> IO[bytes]:
-    """Open :func:`stored` ``(path)`` for reading bytes, decompressing a ``.gz`` file.
+    """Open :func:`stored` ``(path)`` for reading bytes, decompressing a ``.xz`` or ``.gz`` file.
 
     Raises:
-        FileNotFoundError: neither ``path`` nor ``path.gz`` exists.
-        capo_verl.inputs.NotADataFile: while reading, a ``.gz`` file that is cut short, has a corrupt body or is
-            not gzip (the message names the file).
+        FileNotFoundError: none of ``path``, ``path.xz``, ``path.gz`` exists.
+        capo_verl.inputs.NotADataFile: while reading, a compressed file that is cut short, has a corrupt body or is
+            not of its suffix's format (the message names the file).
     """
     path = stored(path)
-    if path.suffix == GZ:
-        return _CheckedGzipFile(path, "rb")
-    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    reader = _READERS.get(path.suffix)
+    return reader(path, "rb") if reader else open(path, "rb")  # noqa: SIM115 (the caller closes it)
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The (decompressed) bytes of :func:`stored` ``(path)``.
 
     Raises:
-        FileNotFoundError: neither ``path`` nor ``path.gz`` exists.
-        capo_verl.inputs.NotADataFile: a ``.gz`` file that is not gzip, is cut short or has a corrupt body.
+        FileNotFoundError: none of ``path``, ``path.xz``, ``path.gz`` exists.
+        capo_verl.inputs.NotADataFile: a compressed file that is not of its format, is cut short or has a corrupt
+            body.
     """
     with open_binary(path) as f:
         return f.read()
@@ -101,22 +117,33 @@ def read_text(path: str | os.PathLike) -> str:
     return read_bytes(path).decode("utf-8")
 
 
-def gzip_bytes(data: bytes) -> bytes:
-    """``data`` gzip-compressed at level 9 with mtime 0: the same bytes always give the same file."""
-    return gzip.compress(data, compresslevel=9, mtime=0)
+def xz_bytes(data: bytes) -> bytes:
+    """``data`` xz-compressed (preset 9, extreme; CRC64 check): the same bytes always give the same file."""
+    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=9 | lzma.PRESET_EXTREME)
+
+
+def plain_name(path: str | os.PathLike) -> Path:
+    """``path`` without its compressed suffix (``30.jsonl.xz`` -> ``30.jsonl``); a plain name as it is."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix in COMPRESSED else path
 
 
 def compress(path: str | os.PathLike) -> Path:
-    """Replace the file ``path`` by ``path.gz`` (:func:`gzip_bytes`), written under a temporary name and renamed
-    into place before ``path`` is removed, so that a stop at any point leaves one whole copy. Returns ``path.gz``.
+    """Store the file ``path`` (plain, or ``.gz``) as ``<plain name>.xz`` (:func:`xz_bytes` of its decompressed
+    bytes), written under a temporary name and renamed into place before ``path`` is removed, so that a stop at any
+    point leaves one whole copy. Returns the ``.xz`` file.
 
     Raises:
         FileNotFoundError: no file at ``path``.
+        ValueError: ``path`` is already a ``.xz`` file.
+        capo_verl.inputs.NotADataFile: a ``.gz`` file that is damaged (nothing changes).
     """
     path = Path(path)
-    target = path.with_name(path.name + GZ)
-    partial = path.with_name(path.name + GZ + ".partial")
-    partial.write_bytes(gzip_bytes(path.read_bytes()))
+    if path.suffix == XZ:
+        raise ValueError(f"{path}: already stored as xz")
+    target = plain_name(path).with_name(plain_name(path).name + XZ)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(xz_bytes(read_bytes(path)))
     partial.replace(target)
     path.unlink()
     return target

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -42,24 +42,36 @@ def _out(tmp_path: Path, methods: list[str]) -> Path:
 
 def test_two_method_summary_and_finished_unit_copied(cc, tmp_path):
     src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
-    copied, left_out = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
+    copied, left_out = cc.collect(src, dest, max_bytes=2**20, compress_dumps=True)
     assert sorted(map(str, copied)) == [
         "compare.json",
         "seed3/capo/.capo-verl-run.json",
         "seed3/capo/attempts.jsonl",
         "seed3/grpo/.capo-verl-run.json",
         "seed3/grpo/done.json",
-        "seed3/grpo/metrics.jsonl.gz",
-        "seed3/grpo/val_generations/30.jsonl.gz",
+        "seed3/grpo/metrics.jsonl.xz",
+        "seed3/grpo/val_generations/30.jsonl.xz",
         "seeds_curves.png",
         "seeds_summary.json",
         "seeds_summary.md",
     ]
     assert left_out == []
     assert (
-        gzip.decompress((dest / "seed3/grpo/val_generations/30.jsonl.gz").read_bytes()) == b'{"output": "1 + 1 = 2"}\n'
+        lzma.decompress((dest / "seed3/grpo/val_generations/30.jsonl.xz").read_bytes()) == b'{"output": "1 + 1 = 2"}\n'
     )
-    assert cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True) == ([], [])  # rerun: nothing changed
+    assert cc.collect(src, dest, max_bytes=2**20, compress_dumps=True) == ([], [])  # rerun: nothing changed
+
+
+def test_compress_dumps_replaces_an_older_gzip_copy(cc, tmp_path):
+    """A folder collected into with the former gzip form holds each dump once, as ``.xz``, after a rerun."""
+    import gzip
+
+    src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
+    old = dest / "seed3/grpo/val_generations/30.jsonl.gz"
+    _write(old, "")
+    old.write_bytes(gzip.compress(b'{"output": "1 + 1 = 2"}\n', mtime=0))
+    cc.collect(src, dest, max_bytes=2**20, compress_dumps=True)
+    assert sorted(p.name for p in old.parent.iterdir()) == ["30.jsonl.xz"]
 
 
 def test_one_method_summary_keeps_the_last_comparison(cc, tmp_path):
@@ -74,7 +86,7 @@ def test_one_method_summary_keeps_the_last_comparison(cc, tmp_path):
     assert not {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"} & set(map(str, copied))
     assert json.loads((dest / "seeds_summary.json").read_text())["methods"] == ["grpo", "capo"]
     assert (dest / "seeds_summary.md").read_text() == "pair\n"
-    assert "seed3/grpo/val_generations/30.jsonl" in set(map(str, copied))  # no --gzip-dumps: copied as it is
+    assert "seed3/grpo/val_generations/30.jsonl" in set(map(str, copied))  # no --compress-dumps: copied as it is
 
 
 def test_size_limit_lists_the_file(cc, tmp_path):
@@ -94,7 +106,7 @@ def test_skip_leaves_out_the_shared_folders(cc, tmp_path):
     assert "seed3/capo/attempts.jsonl" in names and "compare.json" in names
 
 
-def test_gzip_dumps_keeps_one_copy_of_a_shared_step0_pass(cc, tmp_path):
+def test_compress_dumps_keeps_one_copy_of_a_shared_step0_pass(cc, tmp_path):
     """A method's copy of its seed's step-0 pass is left out where the pass it names is copied with the same
     bytes, and the committed folder still reads the pass for that method (``validation_dump``)."""
     import hashlib
@@ -109,17 +121,17 @@ def test_gzip_dumps_keeps_one_copy_of_a_shared_step0_pass(cc, tmp_path):
     marker = {"from": "step0/val_generations/0.jsonl", "sha256": hashlib.sha256(dump.encode()).hexdigest()}
     _write(src / "seed3" / "grpo" / "val_generations" / "0.jsonl", dump)
     _write(src / "seed3" / "grpo" / "val_generations" / "0.shared.json", json.dumps(marker))
-    copied, _ = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
+    copied, _ = cc.collect(src, dest, max_bytes=2**20, compress_dumps=True)
     names = set(map(str, copied))
-    assert "seed3/step0/val_generations/0.jsonl.gz" in names
-    assert not {"seed3/grpo/val_generations/0.jsonl", "seed3/grpo/val_generations/0.jsonl.gz"} & names
+    assert "seed3/step0/val_generations/0.jsonl.xz" in names
+    assert not {"seed3/grpo/val_generations/0.jsonl", "seed3/grpo/val_generations/0.jsonl.xz"} & names
     folder = dest / "seed3" / "grpo" / "val_generations"
-    assert validation_dump(folder, 0) == dest / "seed3" / "step0" / "val_generations" / "0.jsonl.gz"
+    assert validation_dump(folder, 0) == dest / "seed3" / "step0" / "val_generations" / "0.jsonl.xz"
     assert read_validation_pass(validation_dump(folder, 0)).questions == ["q"]
     # a copy whose bytes differ from its source is kept
     _write(src / "seed3" / "grpo" / "val_generations" / "0.jsonl", dump.replace("-1.0", "-2.0"))
-    copied, _ = cc.collect(src, dest, max_bytes=2**20, gzip_dumps=True)
-    assert "seed3/grpo/val_generations/0.jsonl.gz" in set(map(str, copied))
+    copied, _ = cc.collect(src, dest, max_bytes=2**20, compress_dumps=True)
+    assert "seed3/grpo/val_generations/0.jsonl.xz" in set(map(str, copied))
 
 
 def test_validation_dump_refuses_a_shared_pass_of_other_bytes(tmp_path):

@@ -19,6 +19,7 @@ from capo_verl import data, mask_thresholds
 from capo_verl.compare import cli as compare_cli
 from capo_verl.evaluation import cli as eval_cli
 from capo_verl.evaluation import teacher_forced_cli
+from capo_verl.stored import stored
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED_COMPARE = REPO / "benchmarks" / "results" / "compare_cpu"
@@ -344,9 +345,7 @@ def test_prepare_data_that_fails_leaves_the_data_folder_byte_identical(tmp_path,
 def test_compare_reports_leave_their_inputs_and_old_files_as_they_were(tmp_path, capsys):
     out = tmp_path / "compare_cpu"
     shutil.copytree(COMMITTED_COMPARE, out)
-    metrics = out / "grpo" / "metrics.jsonl"
-    if not metrics.exists():  # a committed unit keeps its logs compressed
-        metrics = metrics.with_name("metrics.jsonl.gz")
+    metrics = stored(out / "grpo" / "metrics.jsonl")  # a committed unit keeps its logs compressed
     before_input = metrics.read_bytes()
     # a method without logs: refused before any report file is written
     before = tree(tmp_path)

@@ -1029,21 +1029,22 @@ def test_a_shared_step0_pass_is_copied_marked_and_left_out_of_the_agreement(tmp_
     assert step0_agreement(tmp_path, ["grpo", "capo"], [0, 1]) == {"capo - grpo": [1.0, None]}
 
 
-def test_a_gzip_compressed_dump_reads_as_the_plain_one(tmp_path):
-    """A committed unit keeps its validation dumps as ``<step>.jsonl.gz``: the passes, the step-0 agreement and the
+def test_a_compressed_dump_reads_as_the_plain_one(tmp_path):
+    """A committed unit keeps its validation dumps as ``<step>.jsonl.xz``: the passes, the step-0 agreement and the
     summary read them as the plain files."""
-    import gzip
-
     from capo_verl.compare.report import validation_passes
     from capo_verl.compare.seeds import step0_agreement
+    from capo_verl.stored import plain_name, read_bytes
 
     src = PILOT2 / "pilot" / "seed0"
     packed = [validation_passes(src / m) for m in ("grpo", "capo")]
     for m in ("grpo", "capo"):
         folder = tmp_path / "seed0" / m / "val_generations"
         folder.mkdir(parents=True)
-        for dump in (src / m / "val_generations").glob("*.jsonl.gz"):
-            (folder / dump.name.removesuffix(".gz")).write_bytes(gzip.decompress(dump.read_bytes()))
+        dumps = list((src / m / "val_generations").glob("*.jsonl.xz"))
+        assert dumps
+        for dump in dumps:
+            (folder / plain_name(dump).name).write_bytes(read_bytes(dump))
     plain = [validation_passes(tmp_path / "seed0" / m) for m in ("grpo", "capo")]
     for a_passes, b_passes in zip(plain, packed):
         assert [p.step for p in a_passes] == [p.step for p in b_passes] == [0, 30]
@@ -1053,11 +1054,12 @@ def test_a_gzip_compressed_dump_reads_as_the_plain_one(tmp_path):
     assert step0_agreement(tmp_path, ["grpo", "capo"], [0]) == {"capo - grpo": [1.0]}
 
 
-@pytest.mark.parametrize("gz", [False, True])
-def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz):
+@pytest.mark.parametrize("suffix", ["", ".gz", ".xz"])
+def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, suffix):
     """verl dumps with ``ensure_ascii=False``, so U+2028, U+2029 and U+0085 reach the file unescaped; a JSON line
     ends only at ``\\n`` (``str.splitlines`` cut such a line in two and the summary stopped with a JSONDecodeError)."""
     import gzip
+    import lzma
 
     from capo_verl.compare.report import dump_lines, read_validation_pass
 
@@ -1069,8 +1071,9 @@ def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz)
     ]
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     assert "\u2028" in text and len(text.splitlines()) > len(rows)  # what broke the old reader
-    path = tmp_path / ("0.jsonl.gz" if gz else "0.jsonl")
-    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    path = tmp_path / f"0.jsonl{suffix}"
+    pack = {"": bytes, ".gz": gzip.compress, ".xz": lzma.compress}[suffix]
+    path.write_bytes(pack(text.encode()))
 
     assert [json.loads(line) for line in dump_lines(path) if line.strip()] == rows
     assert dump_lines(str(path)) == dump_lines(path)  # a str path reads the same
@@ -1083,7 +1086,9 @@ def test_a_response_with_a_unicode_line_separator_stays_one_sample(tmp_path, gz)
 def test_main_run_seed4_step0_pass_reads_all_its_responses():
     """The main run's seed-4 step-0 dump holds one response with U+2028 (line 1818): all 580 x 16 samples read."""
     from capo_verl.compare.report import read_validation_pass
+    from capo_verl.stored import stored
 
-    dump = REPO / "benchmarks/results/compare_main_cpu/units/seed4/step0/val_generations/0.jsonl.gz"
+    dump = stored(REPO / "benchmarks/results/compare_main_cpu/units/seed4/step0/val_generations/0.jsonl")
+    assert dump.exists()
     vp = read_validation_pass(dump)
     assert len(vp.questions) == 580 and sum(len(x) for x in vp.lpm) == 9280

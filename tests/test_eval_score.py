@@ -439,20 +439,26 @@ def _files(folder):
     return {p.name: (p.read_bytes() if p.is_file() else None) for p in sorted(Path(folder).iterdir())}
 
 
-@pytest.mark.parametrize("damage", ["cut short", "corrupt body", "bad crc"])
-def test_a_damaged_gzip_generation_file_is_refused_naming_it(tmp_path, capsys, damage):
-    """C6-12, C6-13: a .jsonl.gz cut short (EOFError) or with a corrupt body (zlib.error) or CRC
-    (gzip.BadGzipFile) is one refusal line naming the file, exit 2, nothing written."""
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+@pytest.mark.parametrize("damage", ["cut short", "corrupt body", "bad check"])
+def test_a_damaged_compressed_generation_file_is_refused_naming_it(tmp_path, capsys, damage, suffix):
+    """C6-12, C6-13: a .jsonl.gz or .jsonl.xz cut short (EOFError), with a corrupt body (zlib.error,
+    lzma.LZMAError) or a wrong check (gzip.BadGzipFile, lzma.LZMAError) is one refusal line naming the file, exit 2,
+    nothing written."""
     import gzip
+    import lzma
 
-    whole = gzip.compress("".join(json.dumps({**GOOD, "question_id": q}) + "\n" for q in range(200)).encode(), mtime=0)
+    text = "".join(json.dumps({**GOOD, "question_id": q}) + "\n" for q in range(200)).encode()
+    whole = gzip.compress(text, mtime=0) if suffix == ".gz" else lzma.compress(text)
     if damage == "cut short":
         data = whole[: len(whole) // 2]
     elif damage == "corrupt body":
         data = whole[:12] + b"\xff" * 24 + whole[36:]
-    else:
+    elif suffix == ".gz":  # the CRC32 of the trailer
         data = whole[:-8] + bytes(b ^ 0xFF for b in whole[-8:-4]) + whole[-4:]
-    path = tmp_path / "cut.jsonl.gz"
+    else:  # the CRC32 of the index, just before the stream footer (12 bytes)
+        data = whole[:-16] + bytes(b ^ 0xFF for b in whole[-16:-12]) + whole[-12:]
+    path = tmp_path / f"cut.jsonl{suffix}"
     path.write_bytes(data)
     before = _files(tmp_path)
     assert main(["score", "--no-plots", str(path), "--out", str(tmp_path / "r")]) == 2
@@ -462,15 +468,18 @@ def test_a_damaged_gzip_generation_file_is_refused_naming_it(tmp_path, capsys, d
     assert _files(tmp_path) == before
     from capo_verl import inputs, stored
 
-    with pytest.raises(inputs.NotADataFile, match="cut.jsonl.gz"):  # every reader of stored files
+    with pytest.raises(inputs.NotADataFile, match=f"cut.jsonl{suffix}"):  # every reader of stored files
         stored.read_bytes(path)
 
 
-def test_a_whole_gzip_generation_file_still_scores(tmp_path):
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_a_whole_compressed_generation_file_still_scores(tmp_path, suffix):
     import gzip
+    import lzma
 
-    path = tmp_path / "g.jsonl.gz"
-    path.write_bytes(gzip.compress((json.dumps(GOOD) + "\n").encode()))
+    path = tmp_path / f"g.jsonl{suffix}"
+    pack = gzip.compress if suffix == ".gz" else lzma.compress
+    path.write_bytes(pack((json.dumps(GOOD) + "\n").encode()))
     assert main(["score", "--no-plots", str(path), "--out", str(tmp_path / "r")]) == 0
 
 

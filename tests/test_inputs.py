@@ -34,6 +34,8 @@ def test_what_is_not_a_data_file_is_refused_from_its_first_bytes(tmp_path, monke
         "json.parquet": b'{"a": 1}',
         "cut.parquet": b"PAR1 and no footer",
         "plain.jsonl.gz": b'{"a": 1}\n',
+        "plain.jsonl.xz": b'{"a": 1}\n',
+        "gzip.jsonl.xz": b"\x1f\x8b\x08\x00",
     }
     for name, content in cases.items():
         path = tmp_path / name
@@ -55,7 +57,10 @@ def test_what_is_not_a_data_file_is_refused_from_its_first_bytes(tmp_path, monke
     (tmp_path / "big.json").write_text('[{"a": 1}, {"a": 2}]')
     with pytest.raises(inputs.NotADataFile, match="write it as JSON lines"):
         inputs.check_data_file(tmp_path / "big.json")
-    for ok, content in (("a.jsonl", b'\xef\xbb\xbf\n {"a": 1}\n'), ("b.json", b"[1]"), ("c.jsonl", b"")):
+    import lzma
+
+    whole = (("a.jsonl", b'\xef\xbb\xbf\n {"a": 1}\n'), ("b.json", b"[1]"), ("c.jsonl", b""))
+    for ok, content in (*whole, ("d.jsonl.xz", lzma.compress(b'{"a": 1}\n')), ("E.JSONL.XZ", lzma.compress(b"{}"))):
         (tmp_path / ok).write_bytes(content)
         inputs.check_data_file(tmp_path / ok)
 

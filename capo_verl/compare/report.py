@@ -18,7 +18,7 @@ from capo_verl.compare.statistics import (
 )
 from capo_verl.curves import draw_series, finish_axes, png_bytes
 from capo_verl.outputs import write_atomic
-from capo_verl.stored import read_bytes, read_text, stored
+from capo_verl.stored import COMPRESSED, read_bytes, read_text, stored
 
 #: files and folders that a report (and the held-out evaluation) writes into the output folder
 REPORT_OUTPUTS = (
@@ -39,8 +39,8 @@ SHARED_STEP0 = "0.shared.json"
 
 def validation_dump(folder: Path, step: int) -> Path:
     """The validation dump of ``step`` in a run's ``val_generations`` ``folder``: ``<step>.jsonl``, or
-    ``<step>.jsonl.gz`` where only the compressed one exists (a committed unit's dumps are kept compressed:
-    ``benchmarks/collect_compare.py --gzip-dumps``); for step 0 of a run that took its seed's step-0 pass
+    ``<step>.jsonl.xz`` / ``.gz`` where only a compressed one exists (a committed unit's dumps are kept compressed:
+    ``benchmarks/collect_compare.py --compress-dumps``); for step 0 of a run that took its seed's step-0 pass
     (:data:`SHARED_STEP0` beside it) and holds no copy of its own (a committed unit keeps the one file), the file
     the marker names, after checking that its SHA-256 is the recorded one.
 
@@ -57,10 +57,10 @@ def validation_dump(folder: Path, step: int) -> Path:
 
     record = json.loads(marker.read_text())
     named = folder.parent.parent / record["from"]  # the hash is of the file as named: compressed or not
-    source = named if named.suffix == ".gz" else stored(named)
+    source = named if named.suffix in COMPRESSED else stored(named)
     if not source.exists():
         raise ValueError(f"{marker}: the step-0 pass it names, {source}, is missing")
-    data = source.read_bytes() if named.suffix == ".gz" else read_bytes(source)
+    data = source.read_bytes() if named.suffix in COMPRESSED else read_bytes(source)
     if hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise ValueError(f"{marker}: {source} is not the step-0 pass this run took (its SHA-256 differs)")
     return source
@@ -71,7 +71,8 @@ def validation_steps(folder: Path) -> list[int]:
     also where only its :data:`SHARED_STEP0` marker is kept), sorted."""
     if not folder.exists():
         return []
-    steps = {int(m.group(1)) for p in folder.glob("*.jsonl*") if (m := re.fullmatch(r"(\d+)\.jsonl(\.gz)?", p.name))}
+    dump = re.compile(r"(\d+)\.jsonl(\.xz|\.gz)?")
+    steps = {int(m.group(1)) for p in folder.glob("*.jsonl*") if (m := dump.fullmatch(p.name))}
     if (folder / SHARED_STEP0).exists():
         steps.add(0)
     return sorted(steps)
@@ -79,7 +80,7 @@ def validation_steps(folder: Path) -> list[int]:
 
 def dump_lines(path: str | os.PathLike) -> list[str]:
     r"""The lines of a JSON-lines file (a validation dump, held-out generations, a metrics log), plain or
-    gzip-compressed (``.gz``; ``path`` without it reads ``path.gz`` where only that exists,
+    compressed (``.xz``, ``.gz``; ``path`` without it reads ``path.xz`` or ``path.gz`` where only that exists,
     :func:`capo_verl.stored.stored`), split at ``"\n"`` only. ``path`` is a ``str`` or a path object.
 
     verl writes its dumps with ``json.dumps(..., ensure_ascii=False)`` (verl 0.9.1 ``trainer/ppo/ray_trainer.py``,
@@ -91,16 +92,17 @@ def dump_lines(path: str | os.PathLike) -> list[str]:
         skip blank lines).
 
     Raises:
-        FileNotFoundError: no file at ``path`` (nor at ``path.gz``).
+        FileNotFoundError: no file at ``path`` (nor at ``path.xz``, ``path.gz``).
         UnicodeDecodeError: the text is not UTF-8.
-        capo_verl.inputs.NotADataFile: a ``.gz`` file that is not gzip, is cut short or has a corrupt body.
+        capo_verl.inputs.NotADataFile: a compressed file that is not of its format, is cut short or has a corrupt
+            body.
     """
     return read_text(path).split("\n")
 
 
 def read_validation_pass(path: Path) -> ValidationPass:
     """Read verl's validation dump (``trainer.validation_data_dir``/<step>.jsonl, one line per sample; or its
-    gzip-compressed ``<step>.jsonl.gz``).
+    compressed ``<step>.jsonl.xz`` / ``.gz``).
 
     Needs the fields ``input`` (prompt text: the question key), ``lpm`` (added by capo_verl.compat.validation) and
     ``acc`` (the reward's correctness) or else ``score`` (> 0.5 = correct).

@@ -296,9 +296,9 @@ def check_step0_source(base_dir: Path, run_dir: Path) -> None:
 def share_step0(base_dir: Path, run_dir: Path) -> Path:
     """Give a run that did not validate before training (``trainer.val_before_train=false``) the step-0 pass of
     ``base_dir``, the seed's step-0 pass (:data:`STEP0_DIR`): the same base weights, data and rollout seeds. Copies
-    ``<base>/val_generations/0.jsonl`` (or its ``.gz``, as committed) to the same name under ``<run>`` and records
-    where it came from, with its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`); nothing
-    to do when both are there. Returns the copied file.
+    ``<base>/val_generations/0.jsonl`` (or its ``.xz`` / ``.gz``, as committed) to the same name under ``<run>`` and
+    records where it came from, with its SHA-256, in ``<run>/val_generations/0.shared.json`` (:data:`SHARED_STEP0`);
+    nothing to do when both are there. Returns the copied file.
 
     Raises:
         RuntimeError, FileNotFoundError: as :func:`check_step0_source`.

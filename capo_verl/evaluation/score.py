@@ -145,7 +145,7 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Raises:
         FileNotFoundError: no such file.
         ValueError: the path is a folder, a symlink loop, not a JSON-lines file by its first bytes or a sparse file
-            (:func:`capo_verl.inputs.check_data_file`), a ``.gz`` file is cut short or corrupt
+            (:func:`capo_verl.inputs.check_data_file`), a ``.xz`` or ``.gz`` file is cut short or corrupt
             (:class:`capo_verl.inputs.NotADataFile`, :func:`capo_verl.stored.open_binary`), the file is empty or not
             UTF-8, a line is too long
             (:data:`capo_verl.inputs.MAX_LINE_BYTES`), or a line is not a JSON object,
@@ -157,7 +157,7 @@ def read_generations(path: str | os.PathLike) -> dict[str, np.ndarray]:
             repeats; or questions have different numbers of responses (runs of different k mixed in one
             file). The message names the file and line.
     """
-    path = stored(path)  # committed generations are kept compressed: <name>.jsonl.gz
+    path = stored(path)  # committed generations are kept compressed: <name>.jsonl.xz
     inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
         path,
         "generation file",

@@ -78,7 +78,7 @@ def read_pool(path: str | os.PathLike) -> list[dict]:
         ValueError: a folder, a file with no response, a line that is not a JSON object, or a line missing one of
             the fields above or holding a wrong type (the message names the file and line).
     """
-    path = stored(path)  # a committed pool is kept compressed: pool.jsonl.gz
+    path = stored(path)  # a committed pool is kept compressed: pool.jsonl.xz
     inputs.check_data_file(  # a loop, a folder, a sparse file or another format: refused before it is read
         path,
         "pool file",

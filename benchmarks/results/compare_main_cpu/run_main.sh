@@ -12,7 +12,7 @@
 # unit, METHOD=prepare writes the data and draws and scores the teacher-forced pool that every unit shares, and
 # trains nothing. Then copy the finished unit (or step-0 pass) into the repository (checkpoints stay behind,
 # validation dumps compressed):
-#   .venv/bin/python benchmarks/collect_compare.py --gzip-dumps ~/capo_main/out benchmarks/results/compare_main_cpu/units
+#   .venv/bin/python benchmarks/collect_compare.py --compress-dumps ~/capo_main/out benchmarks/results/compare_main_cpu/units
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)

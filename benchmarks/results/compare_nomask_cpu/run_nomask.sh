@@ -11,7 +11,7 @@
 # Then copy the finished unit into the repository, without what it shares with the main run (its GRPO units, step-0
 # passes, teacher-forced pool and folder markers, all identical to the main run's committed ones) and without the
 # figures (checkpoints stay behind, dumps compressed; `compare --plot-only` redraws the figures):
-#   .venv/bin/python benchmarks/collect_compare.py --gzip-dumps --skip 'seed*/grpo' --skip 'seed*/step0' \
+#   .venv/bin/python benchmarks/collect_compare.py --compress-dumps --skip 'seed*/grpo' --skip 'seed*/step0' \
 #     --skip teacher_forced --skip '*.png' --skip '*.capo-verl-compare.json' \
 #     ~/capo_nomask/out benchmarks/results/compare_nomask_cpu/units
 set -euo pipefail
@@ -25,11 +25,13 @@ commit=$(cat "$here/code_commit.txt")
 [ -d "$main/seed$SEED/grpo" ] && [ -d "$main/seed$SEED/step0" ] || {
   echo "no main-run GRPO unit or step-0 pass for seed $SEED in $main" >&2; exit 2; }
 mkdir -p "$out"
-# copies one shared folder of the main run once, with every *.gz decompressed beside it
+# copies one shared folder of the main run once, with every *.xz and *.gz decompressed beside it (the pinned
+# commit reads plain and .gz dumps only)
 lay() {
   [ -e "$out/$1" ] && return
   mkdir -p "$(dirname "$out/$1")"
   cp -r "$main/$1" "$out/$1.partial"
+  find "$out/$1.partial" -name '*.xz' -exec unxz {} +
   find "$out/$1.partial" -name '*.gz' -exec gunzip {} +
   mv "$out/$1.partial" "$out/$1"
 }
