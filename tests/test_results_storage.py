@@ -23,9 +23,13 @@ MAX_TRACKED_MIB = 40
 #: study folder -> its plan file (None: a study without one)
 STUDIES = {
     "compare_main_cpu/units": "compare_main_cpu/plan.yaml",
+    "compare_nomask_cpu/units": "compare_nomask_cpu/plan.yaml",
     "compare_pilot2_cpu/pilot": "compare_pilot2_cpu/plan.yaml",
     "compare_decisive_cpu/pilot": None,
 }
+#: study folder -> (the study whose files it shares, what of them: the teacher-forced pool and, per seed, folders);
+#: the no-mask run pairs with the main run's GRPO units and step-0 passes and commits them once, in the main run's
+SHARES = {"compare_nomask_cpu/units": ("compare_main_cpu/units", ("teacher_forced",), ("step0", "grpo"))}
 
 
 def _tracked() -> list[tuple[int, str]]:
@@ -83,6 +87,13 @@ def test_seeds_summary_regenerates_from_the_compressed_files(study, tmp_path):
     committed = json.loads((RESULTS / study / "seeds_summary.json").read_text())
     out = tmp_path / "out"
     shutil.copytree(RESULTS / study, out)
+    if study in SHARES:
+        source, top, per_seed = SHARES[study]
+        for name in top:
+            shutil.copytree(RESULTS / source / name, out / name)
+        for k in committed["seeds"]:
+            for name in per_seed:
+                shutil.copytree(RESULTS / source / f"seed{k}" / name, out / f"seed{k}" / name)
     plan = STUDIES[study]
     write_seeds_summary(
         out,
@@ -94,5 +105,5 @@ def test_seeds_summary_regenerates_from_the_compressed_files(study, tmp_path):
     regenerated = json.loads((out / "seeds_summary.json").read_text())
     differ = list(_leaves(committed, regenerated))
     assert not differ, f"{study}: {len(differ)} values differ, e.g. {differ[:3]}"
-    if study == "compare_main_cpu/units":
+    if study in ("compare_main_cpu/units", "compare_nomask_cpu/units"):
         assert json.dumps(regenerated, sort_keys=True) == json.dumps(committed, sort_keys=True)
