@@ -24,12 +24,21 @@ MAX_TRACKED_MIB = 40
 STUDIES = {
     "compare_main_cpu/units": "compare_main_cpu/plan.yaml",
     "compare_nomask_cpu/units": "compare_nomask_cpu/plan.yaml",
+    "compare_nomask_cpu/mask_reading": None,
     "compare_pilot2_cpu/pilot": "compare_pilot2_cpu/plan.yaml",
     "compare_decisive_cpu/pilot": None,
 }
-#: study folder -> (the study whose files it shares, what of them: the teacher-forced pool and, per seed, folders);
-#: the no-mask run pairs with the main run's GRPO units and step-0 passes and commits them once, in the main run's
-SHARES = {"compare_nomask_cpu/units": ("compare_main_cpu/units", ("teacher_forced",), ("step0", "grpo"))}
+#: study folder -> what it reads from other studies' committed files, as ``(study, top-level names, per-seed
+#: names)``: the no-mask run pairs with the main run's GRPO units, step-0 passes and teacher-forced pool, committed
+#: once, in the main run's folder; its mask reading sets its no-mask units against the main run's CAPO units
+#: (benchmarks/results/compare_nomask_cpu/readings.sh)
+SHARES = {
+    "compare_nomask_cpu/units": [("compare_main_cpu/units", ("teacher_forced",), ("step0", "grpo"))],
+    "compare_nomask_cpu/mask_reading": [
+        ("compare_main_cpu/units", ("teacher_forced",), ("step0", "capo")),
+        ("compare_nomask_cpu/units", (), ("capo_no_mask",)),
+    ],
+}
 
 
 def _tracked() -> list[tuple[int, str]]:
@@ -87,8 +96,7 @@ def test_seeds_summary_regenerates_from_the_compressed_files(study, tmp_path):
     committed = json.loads((RESULTS / study / "seeds_summary.json").read_text())
     out = tmp_path / "out"
     shutil.copytree(RESULTS / study, out)
-    if study in SHARES:
-        source, top, per_seed = SHARES[study]
+    for source, top, per_seed in SHARES.get(study, []):
         for name in top:
             shutil.copytree(RESULTS / source / name, out / name)
         for k in committed["seeds"]:
@@ -105,5 +113,5 @@ def test_seeds_summary_regenerates_from_the_compressed_files(study, tmp_path):
     regenerated = json.loads((out / "seeds_summary.json").read_text())
     differ = list(_leaves(committed, regenerated))
     assert not differ, f"{study}: {len(differ)} values differ, e.g. {differ[:3]}"
-    if study in ("compare_main_cpu/units", "compare_nomask_cpu/units"):
+    if study.startswith(("compare_main_cpu/", "compare_nomask_cpu/")):
         assert json.dumps(regenerated, sort_keys=True) == json.dumps(committed, sort_keys=True)

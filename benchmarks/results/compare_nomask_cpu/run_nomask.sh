@@ -14,6 +14,8 @@
 #   .venv/bin/python benchmarks/collect_compare.py --compress-dumps --skip 'seed*/grpo' --skip 'seed*/step0' \
 #     --skip teacher_forced --skip '*.png' --skip '*.capo-verl-compare.json' \
 #     ~/capo_nomask/out benchmarks/results/compare_nomask_cpu/units
+# and write the summaries over the seeds done so far from the committed files (readings.sh beside this file):
+#   bash benchmarks/results/compare_nomask_cpu/readings.sh 3-K
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
