@@ -7,10 +7,12 @@ the partial files of a stopped step (``*.partial*``, ``metrics.attempt.jsonl``) 
 (listed, not copied). A unit that has not finished (no ``done.json``) is copied too, but only its marker and
 attempts, so that the repository holds finished results and says what is under way. Rerunning copies what changed.
 With ``--compress-dumps`` (formerly ``--gzip-dumps``), every JSON-lines file but ``attempts.jsonl`` (validation
-dumps, ``metrics.jsonl``, held-out generations, the teacher-forced pool) is stored as ``<name>.jsonl.xz``
-(:func:`capo_verl.stored.xz_bytes`: the same file gives the same bytes; an older ``<name>.jsonl.gz`` beside it is
-removed), and a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl`` beside
-``0.shared.json``) is left out where the pass it names is copied: every reader takes both forms
+dumps, ``metrics.jsonl``, held-out generations, the teacher-forced pool; plain or compressed in SRC) is stored as
+``<name>.jsonl.xz`` (:func:`capo_verl.stored.xz_bytes`: the same text gives the same bytes; an older
+``<name>.jsonl.gz`` beside it is removed), a method's copy of its seed's shared step-0 pass (``val_generations/0.jsonl``
+in any form, beside ``0.shared.json``) is left out where the pass it names is copied, and a ``0.shared.json`` that
+names a compressed pass by that file's SHA-256 is stored naming the plain dump with the SHA-256 of its text
+(:func:`capo_verl.compare.report.plain_step0_record`): every reader takes every form
 (:mod:`capo_verl.stored`, :func:`capo_verl.compare.report.validation_dump`), as ``benchmarks/compress_results.py``
 stores the older studies.
 The seeds summary at the top of SRC (``seeds_summary.json``/``.md``, ``seeds_curves.png``) is copied only when it
@@ -28,7 +30,8 @@ import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 
-from capo_verl.stored import COMPRESSED, XZ, xz_bytes
+from capo_verl.compare.report import SHARED_STEP0, plain_step0_record
+from capo_verl.stored import GZ, XZ, plain_name, read_bytes, stored, xz_bytes
 
 SKIP_DIRS = {"ckpt", "outputs", "__pycache__"}
 SUMMARY_FILES = {"seeds_summary.json", "seeds_summary.md", "seeds_curves.png"}
@@ -57,26 +60,31 @@ def _unit_of(src: Path, rel: Path) -> Path | None:
 
 
 def _shared_copy(src: Path, rel: Path) -> bool:
-    """True if ``src/rel`` is a method's copy of its seed's shared step-0 pass (``0.shared.json`` beside it) whose
-    source, named in the marker, is under ``src`` with the same bytes: the one copy kept is the source's."""
-    marker = src / rel.parent / "0.shared.json"
-    if not marker.exists():
+    """True if ``src/rel`` (``0.jsonl``, plain or compressed) is a method's copy of its seed's shared step-0 pass
+    (:data:`SHARED_STEP0` beside it) whose source, named in the marker, is under ``src`` with the same text: the one
+    copy kept is the source's."""
+    marker = src / rel.parent / SHARED_STEP0
+    if plain_name(rel).name != "0.jsonl" or not marker.exists():
         return False
-    source = src / rel.parent.parent.parent / json.loads(marker.read_text())["from"]
-    return source.is_file() and source != src / rel and source.read_bytes() == (src / rel).read_bytes()
+    source = stored(plain_name(src / rel.parent.parent.parent / json.loads(marker.read_text())["from"]))
+    return source.is_file() and source != src / rel and read_bytes(source) == read_bytes(src / rel)
+
+
+def _write(data: bytes, target: Path) -> bool:
+    """Write ``data`` to ``target`` unless it holds those bytes; returns True if written."""
+    if target.exists() and target.read_bytes() == data:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return True
 
 
 def _compress_dump(path: Path, target: Path) -> bool:
-    """Write ``path`` xz-compressed (:func:`capo_verl.stored.xz_bytes`) to ``target`` (``<name>.jsonl.xz``) unless it
-    holds the same bytes, and remove the dump's other compressed forms beside it; returns True if written."""
-    data = xz_bytes(path.read_bytes())
-    written = not (target.exists() and target.read_bytes() == data)
-    if written:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    for suffix in COMPRESSED:
-        if suffix != XZ:
-            target.with_suffix(suffix).unlink(missing_ok=True)
+    """Write the text of the dump ``path`` (plain or compressed) xz-compressed (:func:`capo_verl.stored.xz_bytes`) to
+    ``target`` (``<name>.jsonl.xz``) unless it holds the same bytes, and remove the dump's gzip form beside it;
+    returns True if written."""
+    written = _write(xz_bytes(read_bytes(path)), target)
+    target.with_suffix(GZ).unlink(missing_ok=True)
     return written
 
 
@@ -103,11 +111,16 @@ def collect(
         unit = _unit_of(src, rel)
         if unit is not None and not (src / unit / "done.json").exists() and name not in UNDER_WAY_FILES:
             continue
-        if compress_dumps and name == "0.jsonl" and _shared_copy(src, rel):
+        if compress_dumps and _shared_copy(src, rel):
             continue
-        if compress_dumps and name.endswith(".jsonl") and name not in UNDER_WAY_FILES:
-            if _compress_dump(path, dest / rel.with_name(name + XZ)):
-                copied.append(rel.with_name(name + XZ))
+        plain = plain_name(rel)
+        if compress_dumps and plain.name.endswith(".jsonl") and plain.name not in UNDER_WAY_FILES:
+            if _compress_dump(path, dest / plain.with_name(plain.name + XZ)):
+                copied.append(plain.with_name(plain.name + XZ))
+            continue
+        if compress_dumps and name == SHARED_STEP0:  # naming the plain dump, which holds in any stored form
+            if _write((json.dumps(plain_step0_record(path), indent=1) + "\n").encode(), dest / rel):
+                copied.append(rel)
             continue
         if path.stat().st_size > max_bytes:
             left_out.append((rel, f"over {max_bytes / 2**20:g} MB"))

@@ -39,10 +39,30 @@ def _damaged(name, kind: str, exc: BaseException):
     )
 
 
-def _checked(cls: type, kind: str) -> type:
+def _xz_tail(path) -> None:
+    """Refuse an ``.xz`` file that does not end as an xz stream does, with the footer's magic ``YZ``:
+    :class:`lzma.LZMAFile` reads up to the last whole stream and ignores what follows, so a file with other data
+    appended would read as whole. (Python's reader takes no stream padding after a stream either.)
+
+    Raises:
+        capo_verl.inputs.NotADataFile: so, naming the file.
+    """
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 2))
+        tail = f.read()
+    if tail != b"YZ":
+        from capo_verl.inputs import NotADataFile
+
+        raise NotADataFile(
+            f"{path}: the xz file does not end with an xz stream's footer (it is cut short, or other data follows "
+            "it); it cannot be read whole: restore or recompress it from the original file"
+        )
+
+
+def _checked(cls: type, kind: str, check=None) -> type:
     """A subclass of the reader ``cls`` (:class:`gzip.GzipFile`, :class:`lzma.LZMAFile`) whose every read turns a
     damaged file's error (:data:`_ERRORS`) into :class:`capo_verl.inputs.NotADataFile` naming the file and the fix,
-    for every reader of :func:`open_binary`."""
+    for every reader of :func:`open_binary`; ``check(path)``, if given, runs at open (:func:`_xz_tail`)."""
 
     def wrap(method):
         @functools.wraps(method)
@@ -56,6 +76,8 @@ def _checked(cls: type, kind: str) -> type:
 
     def init(self, path, mode="rb"):
         self._given = path
+        if check is not None:
+            check(path)
         cls.__init__(self, path, mode)
 
     methods = ("read", "read1", "readinto", "readinto1", "readline", "peek", "seek")
@@ -63,7 +85,7 @@ def _checked(cls: type, kind: str) -> type:
     return type(f"_Checked{cls.__name__}", (cls,), {"__init__": init, **body})
 
 
-_READERS = {GZ: _checked(gzip.GzipFile, "gzip"), XZ: _checked(lzma.LZMAFile, "xz")}
+_READERS = {GZ: _checked(gzip.GzipFile, "gzip"), XZ: _checked(lzma.LZMAFile, "xz", _xz_tail)}
 
 
 def stored(path: str | os.PathLike) -> Path:
@@ -131,19 +153,26 @@ def plain_name(path: str | os.PathLike) -> Path:
 def compress(path: str | os.PathLike) -> Path:
     """Store the file ``path`` (plain, or ``.gz``) as ``<plain name>.xz`` (:func:`xz_bytes` of its decompressed
     bytes), written under a temporary name and renamed into place before ``path`` is removed, so that a stop at any
-    point leaves one whole copy. Returns the ``.xz`` file.
+    point leaves one whole copy; where that ``.xz`` file is already there with the same decompressed bytes, ``path``
+    is only removed. Returns the ``.xz`` file.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: ``path`` is already a ``.xz`` file.
-        capo_verl.inputs.NotADataFile: a ``.gz`` file that is damaged (nothing changes).
+        ValueError: ``path`` is already a ``.xz`` file, or the ``.xz`` file beside it holds other data (nothing
+            changes).
+        capo_verl.inputs.NotADataFile: ``path`` or the ``.xz`` file beside it is damaged (nothing changes).
     """
     path = Path(path)
     if path.suffix == XZ:
         raise ValueError(f"{path}: already stored as xz")
     target = plain_name(path).with_name(plain_name(path).name + XZ)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_bytes(xz_bytes(read_bytes(path)))
-    partial.replace(target)
+    data = read_bytes(path)
+    if target.exists():
+        if read_bytes(target) != data:
+            raise ValueError(f"{path}: {target.name} beside it holds other data; keep the one that is right")
+    else:
+        partial = target.with_name(target.name + ".partial")
+        partial.write_bytes(xz_bytes(data))
+        partial.replace(target)
     path.unlink()
     return target

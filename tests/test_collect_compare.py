@@ -143,3 +143,34 @@ def test_validation_dump_refuses_a_shared_pass_of_other_bytes(tmp_path):
     _write(seed / "grpo" / "val_generations" / "0.shared.json", json.dumps(marker))
     with pytest.raises(ValueError, match="SHA-256"):
         validation_dump(seed / "grpo" / "val_generations", 0)
+
+
+def test_compress_dumps_stores_a_pass_taken_from_a_committed_gzip_pass(cc, tmp_path):
+    """A run that took its seed's committed step-0 pass holds it as ``0.jsonl.gz``, with a marker naming the ``.gz``
+    by that file's SHA-256: collected, the pass is stored once as ``.xz`` and the marker names the plain dump by the
+    SHA-256 of its text, so the method still reads the pass."""
+    import gzip
+    import hashlib
+
+    from capo_verl.compare.report import read_validation_pass, validation_dump
+
+    src, dest = _out(tmp_path, ["grpo", "capo"]), tmp_path / "dest"
+    dump = b'{"input": "q", "output": "2", "lpm": -1.0, "acc": true}\n'
+    packed = gzip.compress(dump, mtime=0)
+    _write(src / "seed3" / "step0" / ".capo-verl-run.json", "{}")
+    _write(src / "seed3" / "step0" / "done.json", "{}")
+    for folder in (src / "seed3" / "step0" / "val_generations", src / "seed3" / "grpo" / "val_generations"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "0.jsonl.gz").write_bytes(packed)
+    marker = {"from": "step0/val_generations/0.jsonl.gz", "sha256": hashlib.sha256(packed).hexdigest()}
+    _write(src / "seed3" / "grpo" / "val_generations" / "0.shared.json", json.dumps(marker))
+    cc.collect(src, dest, max_bytes=2**20, compress_dumps=True)
+    step0, grpo = dest / "seed3" / "step0" / "val_generations", dest / "seed3" / "grpo" / "val_generations"
+    assert sorted(p.name for p in step0.iterdir()) == ["0.jsonl.xz"]
+    assert sorted(p.name for p in grpo.iterdir()) == ["0.shared.json", "30.jsonl.xz"]
+    assert json.loads((grpo / "0.shared.json").read_text()) == {
+        "from": "step0/val_generations/0.jsonl",
+        "sha256": hashlib.sha256(dump).hexdigest(),
+    }
+    assert validation_dump(grpo, 0) == step0 / "0.jsonl.xz"
+    assert read_validation_pass(validation_dump(grpo, 0)).questions == ["q"]

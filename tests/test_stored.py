@@ -132,3 +132,46 @@ def test_compress_results_leaves_a_marker_whose_file_differs(tmp_path, compress_
     with pytest.raises(ValueError, match=r"0.shared.json: .*0.jsonl.gz is missing or not the file it recorded"):
         compress_results.main([str(tmp_path)])
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda x: x + b"not xz",  # appended: LZMAFile alone reads the stream before it and ignores the rest
+        lambda x: x + b"\0\0\0\0" + b"\xfd7zXZ\0 a second stream cut",
+        lambda x: x[:-3],  # cut short
+        lambda x: x + b"\0\0\0\0",  # stream padding, which Python's reader does not take
+    ],
+    ids=["junk appended", "a broken second stream", "cut short", "padding"],
+)
+def test_an_xz_file_that_does_not_end_whole_is_refused(tmp_path, damage):
+    from capo_verl.inputs import NotADataFile
+
+    path = tmp_path / "30.jsonl.xz"
+    path.write_bytes(damage(stored.xz_bytes(TEXT)))
+    with pytest.raises(NotADataFile, match=r"30.jsonl.xz: the xz file does not end with an xz stream's footer"):
+        stored.read_bytes(path)
+    path.write_bytes(stored.xz_bytes(TEXT) + stored.xz_bytes(b"more\n"))  # two whole streams read as one text
+    assert stored.read_bytes(path) == TEXT + b"more\n"
+
+
+def test_compress_results_refuses_two_forms_of_a_dump_that_differ(tmp_path, compress_results):
+    """A newer plain dump beside an older compressed one: nothing is stored anew, nothing lost."""
+    seed = tmp_path / "seed3" / "grpo"
+    seed.mkdir(parents=True)
+    (seed / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2}\n')
+    (seed / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1}\n'))
+    (seed / "eval_generations.jsonl").write_bytes(TEXT)
+    before = {p: p.read_bytes() for p in seed.iterdir()}
+    with pytest.raises(ValueError, match="metrics.jsonl.*metrics.jsonl.gz: forms of one dump that hold different"):
+        compress_results.main([str(tmp_path)])
+    assert {p: p.read_bytes() for p in seed.iterdir()} == before
+    (seed / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1}\n{"step": 2}\n'))  # the same text
+    (seed / "eval_generations.jsonl.xz").write_bytes(stored.xz_bytes(TEXT))
+    compress_results.main([str(tmp_path)])
+    assert sorted(p.name for p in seed.iterdir()) == ["eval_generations.jsonl.xz", "metrics.jsonl.xz"]
+    assert stored.read_bytes(seed / "metrics.jsonl.xz") == b'{"step": 1}\n{"step": 2}\n'
+    with pytest.raises(ValueError, match="holds other data"):  # compress itself never writes over other data
+        (seed / "metrics.jsonl").write_bytes(b"{}\n")
+        stored.compress(seed / "metrics.jsonl")
+    assert (seed / "metrics.jsonl").exists()

@@ -66,6 +66,28 @@ def validation_dump(folder: Path, step: int) -> Path:
     return source
 
 
+def plain_step0_record(marker: Path) -> dict:
+    """The record of a :data:`SHARED_STEP0` ``marker`` as a committed unit keeps it: naming the plain dump
+    (``step0/val_generations/0.jsonl``) with the SHA-256 of its text, which holds whichever form the dump is stored
+    in. A marker that names a compressed file by that file's own SHA-256 (a run that took a committed pass,
+    :func:`capo_verl.compare.running.share_step0`) is given so after checking the file; any other is returned as it
+    is.
+
+    Raises:
+        ValueError: the compressed file it names is missing or is not the file it recorded (SHA-256).
+    """
+    import hashlib
+
+    record = json.loads(marker.read_text())
+    named = marker.parent.parent.parent / record["from"]
+    if named.suffix not in COMPRESSED:
+        return record
+    if not named.exists() or hashlib.sha256(named.read_bytes()).hexdigest() != record["sha256"]:
+        raise ValueError(f"{marker}: {named} is missing or not the file it recorded (SHA-256); left as it is")
+    plain = str(Path(record["from"]).with_suffix(""))
+    return {**record, "from": plain, "sha256": hashlib.sha256(read_bytes(named)).hexdigest()}
+
+
 def validation_steps(folder: Path) -> list[int]:
     """The steps of a run's validation dumps in its ``val_generations`` ``folder`` (plain or compressed; step 0
     also where only its :data:`SHARED_STEP0` marker is kept), sorted."""
