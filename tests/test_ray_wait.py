@@ -38,8 +38,9 @@ def test_a_real_cluster_too_small_names_the_pending_actor_and_placement_group():
             def ping(self):
                 return 1
 
-        first, second = Worker.remote(), Worker.remote()
+        first = Worker.remote()  # placed before the second is asked for: Ray may place two at once in any order
         assert ray.get(first.ping.remote(), timeout=120) == 1
+        second = Worker.remote()
         group = placement_group([{"CPU": 4}])
         deadline = time.monotonic() + 30
         while len(pending := ray_wait.pending_work()) < 2 and time.monotonic() < deadline:
