@@ -12,7 +12,11 @@ finished (``seed<k>/<method>/done.json``), one row per unit:
 - for a CAPO unit, ``capo/mask_frac_incorrect`` and ``capo/mask_frac_correct`` (the shares of each outcome's
   responses the reference-perplexity mask dropped, ``capo_verl.metrics.capo_step_metrics``) over steps 1 to
   ``--early`` and over the last ``--late`` steps, as min-max ranges; a step without a response of that outcome logs
-  no fraction.
+  no fraction;
+- ``nonzero adv. incorrect``: the share of the step's incorrect responses whose advantage is nonzero, as bounds
+  (:func:`nonzero_incorrect_bounds`), averaged over all steps and over the last ``--late`` steps. No unit logs this
+  share; the bounds follow from what every unit logs, ``critic/score/mean`` and ``capo/mixed_group_frac`` (and, for a
+  masked CAPO unit, ``capo/mask_frac_incorrect``).
 
 A last row gives each column's range over the units of a method.
 
@@ -32,6 +36,83 @@ from capo_verl.compare.report import read_metrics, series
 from capo_verl.compare.seeds import grad_clip_counts
 
 MASK_KEYS = ("capo/mask_frac_incorrect", "capo/mask_frac_correct")
+NONZERO = "nonzero adv. incorrect"
+
+
+def nonzero_incorrect_bounds(
+    n_correct: int, n_mixed: int, group_size: int, n_groups: int, mask_frac_incorrect: float | None = None
+) -> tuple[float, float] | None:
+    """Bounds on the share of a training batch's incorrect responses whose advantage is nonzero, from its counts.
+
+    GRPO, GSPO and CAPO (Eq. 14) give a response a nonzero advantage only in a mixed group (both outcomes): in a
+    group whose responses are all correct or all incorrect the group-relative advantage and every pairwise term
+    vanish. CAPO's noise mask (Eq. 18) sets a dropped response's advantage to 0. The batch has ``n_groups`` groups of
+    ``group_size`` responses, ``n_correct`` correct ones and ``n_mixed`` mixed groups; which groups hold the correct
+    responses is not logged. Every split with ``A`` all-correct groups leaves ``c = n_correct - group_size * A``
+    correct responses in the mixed groups, with ``n_mixed <= c <= (group_size - 1) * n_mixed``, and so
+    ``group_size * n_mixed - c`` incorrect ones there; the bounds are the least and the most of these over the
+    possible ``A``, divided by the batch's incorrect responses. With the mask, a share ``mask_frac_incorrect`` of the
+    incorrect responses is dropped, wherever it lies: the bounds become ``max(0, lo - f)`` and ``min(hi, 1 - f)``.
+
+    Args:
+        n_correct, n_mixed: counts of the batch (``critic/score/mean`` times its responses;
+            ``capo/mixed_group_frac`` times ``n_groups``).
+        group_size, n_groups: ``actor_rollout_ref.rollout.n`` and ``data.train_batch_size``.
+        mask_frac_incorrect: ``capo/mask_frac_incorrect`` of a masked CAPO step, else None.
+
+    Returns:
+        ``(lo, hi)``, shares in [0, 1]; None for a batch without an incorrect response.
+
+    Raises:
+        ValueError: no split of the batch into groups has these counts.
+    """
+    n_incorrect = group_size * n_groups - n_correct
+    if n_incorrect == 0 and n_mixed == 0:
+        return None
+    in_mixed = [
+        group_size * n_mixed - c
+        for a in range(n_groups - n_mixed + 1)
+        if n_mixed <= (c := n_correct - group_size * a) <= (group_size - 1) * n_mixed
+    ]
+    if n_incorrect <= 0 or not in_mixed:
+        raise ValueError(
+            f"no batch of {n_groups} groups of {group_size} responses has {n_correct} correct responses and "
+            f"{n_mixed} mixed groups; the unit's batch is not data.train_batch_size x actor_rollout_ref.rollout.n"
+        )
+    lo, hi = min(in_mixed) / n_incorrect, max(in_mixed) / n_incorrect
+    if mask_frac_incorrect is not None:
+        lo, hi = max(0.0, lo - mask_frac_incorrect), min(hi, 1.0 - mask_frac_incorrect)
+    return lo, hi
+
+
+def _count(value: float, total: int, key: str, run: Path, step: int) -> int:
+    count = round(value * total)
+    if abs(value * total - count) > 1e-3:
+        raise ValueError(f"{run}: step {step} logged {key} = {value}, not a count out of {total}")
+    return count
+
+
+def nonzero_incorrect_steps(run: Path, metrics: dict[int, dict]) -> dict[int, tuple[float, float]]:
+    """``{step: (lo, hi)}`` of :func:`nonzero_incorrect_bounds` for each step of a unit that logged
+    ``critic/score/mean`` and ``capo/mixed_group_frac`` and had an incorrect response; the batch's shape is read
+    from the unit's ``done.json`` settings. Raises ValueError as :func:`nonzero_incorrect_bounds` does, or where a
+    logged share is not a count of that batch."""
+    composed = json.loads((run / "done.json").read_text())["settings"]["composed"]
+    n, groups = composed["actor_rollout_ref"]["rollout"]["n"], composed["data"]["train_batch_size"]
+    out = {}
+    for step, d in sorted(metrics.items()):
+        if d.get("critic/score/mean") is None or d.get("capo/mixed_group_frac") is None:
+            continue
+        bounds = nonzero_incorrect_bounds(
+            _count(d["critic/score/mean"], n * groups, "critic/score/mean", run, step),
+            _count(d["capo/mixed_group_frac"], groups, "capo/mixed_group_frac", run, step),
+            n,
+            groups,
+            d.get("capo/mask_frac_incorrect"),
+        )
+        if bounds is not None:
+            out[step] = bounds
+    return out
 
 
 def finished_seeds(out: Path, methods: list[str]) -> list[int]:
@@ -44,12 +125,15 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
     """One dict per unit (seed-major, then ``methods``' order): ``seed``, ``method``, ``trainer_min``,
     ``mixed_first``, ``mixed_last``, ``clipped``, ``steps``, and for each mask key logged by the unit
     ``"<key> early"`` / ``"<key> late"`` as ``(min, max)`` over steps 1 to ``early`` and over the last ``late`` steps
-    (by step number; absent where no such step logged the key).
+    (by step number; absent where no such step logged the key), and ``"nonzero adv. incorrect all"`` / ``"... late"``
+    as the means of the lower and of the upper bounds of :func:`nonzero_incorrect_steps` over all steps and the last
+    ``late`` steps (absent for a unit that logged no ``capo/mixed_group_frac``).
 
     Raises:
         FileNotFoundError: no seed folder in which every method has finished, or a seed without its
             ``summary.json``.
-        ValueError: a unit logged no ``actor/grad_norm``.
+        ValueError: a unit logged no ``actor/grad_norm``, or counts no batch can have
+            (:func:`nonzero_incorrect_bounds`).
     """
     seeds = finished_seeds(out, methods)
     if not seeds:
@@ -92,6 +176,10 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
                 for when, sel in (("early", xs <= early), ("late", xs > max(steps) - late)):
                     if sel.any():
                         row[f"{key} {when}"] = (float(ys[sel].min()), float(ys[sel].max()))
+            bounds = nonzero_incorrect_steps(run, metrics)
+            for when, chosen in (("all", list(bounds)), ("late", [s for s in bounds if s > max(steps) - late])):
+                if chosen:
+                    row[f"{NONZERO} {when}"] = tuple(float(np.mean([bounds[s][i] for s in chosen])) for i in (0, 1))
             rows.append(row)
     return rows
 
@@ -105,9 +193,11 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10) -> str:
     mask_cols = [
         (key, when) for key in MASK_KEYS for when in ("early", "late") if any(f"{key} {when}" in r for r in rows)
     ]
-    steps_word = {"early": f"steps 1-{early}", "late": f"last {late} steps"}
+    mask_cols += [(NONZERO, when) for when in ("all", "late") if any(f"{NONZERO} {when}" in r for r in rows)]
+    steps_word = {"early": f"steps 1-{early}", "late": f"last {late} steps", "all": "all steps"}
     head = ["seed", "method", "trainer min", "mixed first / last", "clipped"] + [
-        f"`{key.split('/')[1]}`, {steps_word[when]}" for key, when in mask_cols
+        (f"{key} (bounds)" if key == NONZERO else f"`{key.split('/')[1]}`") + f", {steps_word[when]}"
+        for key, when in mask_cols
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

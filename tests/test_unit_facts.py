@@ -3,6 +3,7 @@ the facts its result page states (grad norm clipped in 24, 22 and 21 of CAPO's 3
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -79,3 +80,85 @@ def test_a_seed_without_its_summary_names_the_command_that_writes_it(uf, tmp_pat
         match=r"\bseed0/summary\.json\b.*\bcapo-verl compare --plot-only --seeds 0 --methods grpo capo\b",
     ):
         uf.unit_facts(tmp_path, ["grpo", "capo"])
+
+
+def _bounds_by_enumeration(n_correct: int, n_mixed: int, n: int, groups: int) -> tuple[float, float]:
+    """Every split of the batch into groups (correct count per group) with these counts, read directly."""
+    shares = [
+        sum(n - c for c in split if 0 < c < n) / (n * groups - n_correct)
+        for split in itertools.combinations_with_replacement(range(n + 1), groups)
+        if sum(split) == n_correct and sum(0 < c < n for c in split) == n_mixed
+    ]
+    return min(shares), max(shares)
+
+
+def test_nonzero_incorrect_bounds_by_hand(uf):
+    # 2 groups of 4, 3 correct, 1 mixed group: splits (3 | 0 correct) only -> 1 of the 5 incorrect is in the mixed
+    # group; 4 correct, 1 mixed: (4 | 0) is not mixed, so (x | y) with one of them 0 or 4 and the other mixed: none
+    assert uf.nonzero_incorrect_bounds(3, 1, 4, 2) == (0.2, 0.2)
+    with pytest.raises(ValueError, match=r"\b4 correct responses and 1 mixed groups\b.*train_batch_size"):
+        uf.nonzero_incorrect_bounds(4, 1, 4, 2)
+    # 3 groups of 4, 4 correct, 1 mixed: (4 | 0 | 0) impossible (not mixed); all 4 correct in the mixed group is not
+    # mixed either -> no split; 5 correct, 1 mixed: (4 | 1 | 0): 3 of 7 incorrect in the mixed group
+    with pytest.raises(ValueError):
+        uf.nonzero_incorrect_bounds(4, 1, 4, 3)
+    assert uf.nonzero_incorrect_bounds(5, 1, 4, 3) == (3 / 7, 3 / 7)
+    # 8 correct in 3 groups of 4, 2 mixed: (4 | 3 | 1) or (4 | 2 | 2): 4 of 4 incorrect in mixed groups either way;
+    # 6 correct, 2 mixed: (4 | 1 | 1) -> 6 of 6, (3 | 3 | 0) -> 2 of 6, (3 | 2 | 1) impossible (3 mixed)
+    assert uf.nonzero_incorrect_bounds(8, 2, 4, 3) == (1.0, 1.0)
+    assert uf.nonzero_incorrect_bounds(6, 2, 4, 3) == (2 / 6, 1.0)
+    # the mask drops a share of the incorrect responses, wherever it lies
+    assert uf.nonzero_incorrect_bounds(6, 2, 4, 3, 0.5) == (0.0, 0.5)
+    assert uf.nonzero_incorrect_bounds(6, 2, 4, 3, 0.25) == pytest.approx((2 / 6 - 0.25, 0.75))
+    assert uf.nonzero_incorrect_bounds(8, 0, 4, 2) is None  # all correct
+    for n_correct, n_mixed in [(c, m) for c in range(17) for m in range(5)]:
+        try:
+            bounds = uf.nonzero_incorrect_bounds(n_correct, n_mixed, 4, 4)
+        except ValueError:
+            assert not any(
+                sum(s) == n_correct and sum(0 < c < 4 for c in s) == n_mixed
+                for s in itertools.combinations_with_replacement(range(5), 4)
+            )
+            continue
+        if bounds is not None:
+            assert bounds == pytest.approx(_bounds_by_enumeration(n_correct, n_mixed, 4, 4))
+
+
+def test_nonzero_incorrect_of_pilot2_by_enumeration(uf):
+    rows = uf.unit_facts(PILOT, ["grpo", "capo"])
+    for r in rows:
+        run = PILOT / f"seed{r['seed']}" / r["method"]
+        composed = json.loads((run / "done.json").read_text())["settings"]["composed"]
+        n, groups = composed["actor_rollout_ref"]["rollout"]["n"], composed["data"]["train_batch_size"]
+        per_step = {}
+        for s, d in _steps(run).items():
+            if "critic/score/mean" not in d:
+                continue
+            n_correct, n_mixed = round(d["critic/score/mean"] * n * groups), round(d["capo/mixed_group_frac"] * groups)
+            if n_correct < n * groups:
+                lo, hi = _bounds_by_enumeration(n_correct, n_mixed, n, groups)
+                f = d.get("capo/mask_frac_incorrect")
+                per_step[s] = (lo, hi) if f is None else (max(0.0, lo - f), min(hi, 1.0 - f))
+        assert len(per_step) >= 25
+        late = [s for s in per_step if s > 20]
+        for when, chosen in (("all", list(per_step)), ("late", late)):
+            expected = tuple(sum(per_step[s][i] for s in chosen) / len(chosen) for i in (0, 1))
+            assert r[f"nonzero adv. incorrect {when}"] == pytest.approx(expected)
+    # the mask leaves fewer incorrect responses a nonzero advantage late in training than GRPO's groups do
+    late_hi = {m: max(r["nonzero adv. incorrect late"][1] for r in rows if r["method"] == m) for m in ("grpo", "capo")}
+    late_lo = {m: min(r["nonzero adv. incorrect late"][0] for r in rows if r["method"] == m) for m in ("grpo", "capo")}
+    assert late_hi["capo"] < late_lo["grpo"]
+
+
+def test_main_page_quotes_the_scripts_table(uf):
+    """docs/results/main.md's per-unit table is the script's output on the committed units, and its sentence on the
+    last 10 steps' bounds reads that table."""
+    units = REPO / "benchmarks" / "results" / "compare_main_cpu" / "units"
+    rows = uf.unit_facts(units, ["grpo", "capo"])
+    page = (REPO / "docs" / "results" / "main.md").read_text()
+    assert uf.markdown(rows) in page
+    late = {m: [r["nonzero adv. incorrect late"] for r in rows if r["method"] == m] for m in ("grpo", "capo")}
+    hi = [f"{b[1]:.2f}" for b in late["capo"]]
+    lo = [f"{b[0]:.2f}" for b in late["grpo"]]
+    assert f"at most {min(hi)}-{max(hi)} of CAPO's incorrect" in page.replace("\n", " ")
+    assert f"at least {min(lo)}-{max(lo)} of GRPO's" in page.replace("\n", " ")
