@@ -61,7 +61,9 @@ def nonzero_incorrect_bounds(
         mask_frac_incorrect: ``capo/mask_frac_incorrect`` of a masked CAPO step, else None.
 
     Returns:
-        ``(lo, hi)``, shares in [0, 1]; None for a batch without an incorrect response.
+        ``(lo, hi)``, shares in [0, 1]; None for a batch without an incorrect response. ``capo/mixed_group_frac``
+        leaves out a response without a valid token and ``critic/score/mean`` does not; a batch with one can give
+        counts no split has (ValueError below).
 
     Raises:
         ValueError: no split of the batch into groups has these counts.
@@ -179,7 +181,7 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
             bounds = nonzero_incorrect_steps(run, metrics)
             for when, chosen in (("all", list(bounds)), ("late", [s for s in bounds if s > max(steps) - late])):
                 if chosen:
-                    row[f"{NONZERO} {when}"] = tuple(float(np.mean([bounds[s][i] for s in chosen])) for i in (0, 1))
+                    row[f"{NONZERO} {when}"] = tuple(float(np.mean([bounds[s][j] for s in chosen])) for j in (0, 1))
             rows.append(row)
     return rows
 
@@ -196,7 +198,7 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10) -> str:
     mask_cols += [(NONZERO, when) for when in ("all", "late") if any(f"{NONZERO} {when}" in r for r in rows)]
     steps_word = {"early": f"steps 1-{early}", "late": f"last {late} steps", "all": "all steps"}
     head = ["seed", "method", "trainer min", "mixed first / last", "clipped"] + [
-        (f"{key} (bounds)" if key == NONZERO else f"`{key.split('/')[1]}`") + f", {steps_word[when]}"
+        (f"{key} (mean bounds)" if key == NONZERO else f"`{key.split('/')[1]}`") + f", {steps_word[when]}"
         for key, when in mask_cols
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path, help="a capo-verl compare --seeds folder, or its committed units/")
     ap.add_argument("--methods", nargs="+", required=True)
     ap.add_argument("--early", type=int, default=2, help="the first steps of the early mask range (default 2)")
-    ap.add_argument("--late", type=int, default=10, help="the last steps of the late mask range (default 10)")
+    ap.add_argument("--late", type=int, default=10, help="the last steps of the late columns (default 10)")
     args = ap.parse_args(argv)
     print(
         markdown(

@@ -52,6 +52,7 @@ def test_co_primary_table_and_verdict_quote_the_summary(name):
     summary_path, plan_path = PAGES[name]
     summary, plan = json.loads(summary_path.read_text()), load_plan(plan_path)
     measures = {e.key: e.measure for e in plan.endpoints}
+    assert len(summary["co_primary"]) == 1, f"{summary_path}: one co-primary pair, not {sorted(summary['co_primary'])}"
     (pair,) = summary["co_primary"]  # "capo - grpo", or the study's arm against GRPO
     co = summary["co_primary"][pair]
     rows = _table_rows(page, list(measures))

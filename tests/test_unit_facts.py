@@ -124,6 +124,30 @@ def test_nonzero_incorrect_bounds_by_hand(uf):
             assert bounds == pytest.approx(_bounds_by_enumeration(n_correct, n_mixed, 4, 4))
 
 
+def test_masked_bounds_by_enumeration(uf):
+    """With K of the I incorrect responses masked, anywhere: every split of the batch and every placement of the K
+    (k of them in the mixed groups) leaves (incorrect in mixed groups) - k with a nonzero advantage."""
+    n, groups = 3, 3
+    for split_counts in {
+        (sum(s), sum(0 < c < n for c in s))
+        for s in itertools.combinations_with_replacement(range(n + 1), groups)
+        if sum(s) < n * groups
+    }:
+        n_correct, n_mixed = split_counts
+        n_incorrect = n * groups - n_correct
+        for k_masked in range(n_incorrect + 1):
+            shares = [
+                (in_mixed - k) / n_incorrect
+                for s in itertools.combinations_with_replacement(range(n + 1), groups)
+                if (sum(s), sum(0 < c < n for c in s)) == split_counts
+                for in_mixed in [sum(n - c for c in s if 0 < c < n)]
+                for k in range(max(0, k_masked - (n_incorrect - in_mixed)), min(k_masked, in_mixed) + 1)
+            ]
+            assert uf.nonzero_incorrect_bounds(n_correct, n_mixed, n, groups, k_masked / n_incorrect) == pytest.approx(
+                (min(shares), max(shares))
+            ), (split_counts, k_masked)
+
+
 def test_nonzero_incorrect_of_pilot2_by_enumeration(uf):
     rows = uf.unit_facts(PILOT, ["grpo", "capo"])
     for r in rows:
