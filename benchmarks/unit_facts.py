@@ -7,6 +7,8 @@ finished (``seed<k>/<method>/done.json``), one row per unit:
   passes made inside it);
 - ``mixed first / last``: the validation questions with both a correct and an incorrect sample at the first and the
   last pass (``seed<k>/summary.json``), the questions a pass's AUC-mean averages over;
+- ``training reward`` and ``response tokens``: the means of ``critic/score/mean`` (the share of the step's
+  responses the reward paid) and of ``response_length/mean`` over the first and the last ``--ends`` logged steps;
 - ``clipped``: the steps whose ``actor/grad_norm`` exceeded the unit's ``actor_rollout_ref.actor.optim.clip_grad``
   (``capo_verl.compare.seeds.grad_clip_counts``), of the steps logged;
 - for a CAPO unit, ``capo/mask_frac_incorrect`` and ``capo/mask_frac_correct`` (the shares of each outcome's
@@ -35,6 +37,7 @@ import numpy as np
 from capo_verl.compare.report import read_metrics, series
 from capo_verl.compare.seeds import grad_clip_counts
 
+ENDS = {"reward": "critic/score/mean", "tokens": "response_length/mean"}
 MASK_KEYS = ("capo/mask_frac_incorrect", "capo/mask_frac_correct")
 NONZERO = "nonzero adv. incorrect"
 
@@ -117,15 +120,24 @@ def nonzero_incorrect_steps(run: Path, metrics: dict[int, dict]) -> dict[int, tu
     return out
 
 
+def _ends(metrics: dict[int, dict], key: str, ends: int, run: Path) -> tuple[float, float]:
+    _, ys = series(metrics, key)
+    if not ys:
+        raise ValueError(f"{run}: metrics.jsonl logged no {key}")
+    return float(np.mean(ys[:ends])), float(np.mean(ys[-ends:]))
+
+
 def finished_seeds(out: Path, methods: list[str]) -> list[int]:
     """The seeds ``k`` of ``out/seed<k>/`` in which every method has its ``done.json``, ascending."""
     seeds = [int(m.group(1)) for p in out.glob("seed*") if (m := re.fullmatch(r"seed(\d+)", p.name))]
     return sorted(k for k in seeds if all((out / f"seed{k}" / m / "done.json").exists() for m in methods))
 
 
-def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10) -> list[dict]:
+def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10, ends: int = 5) -> list[dict]:
     """One dict per unit (seed-major, then ``methods``' order): ``seed``, ``method``, ``trainer_min``,
-    ``mixed_first``, ``mixed_last``, ``clipped``, ``steps``, and for each mask key logged by the unit
+    ``mixed_first``, ``mixed_last``, ``reward`` and ``tokens`` (each ``(first, last)``: the means of
+    ``critic/score/mean`` and of ``response_length/mean`` over the first and the last ``ends`` logged steps),
+    ``clipped``, ``steps``, and for each mask key logged by the unit
     ``"<key> early"`` / ``"<key> late"`` as ``(min, max)`` over steps 1 to ``early`` and over the last ``late`` steps
     (by step number; absent where no such step logged the key), and ``"nonzero adv. incorrect all"`` / ``"... late"``
     as the means of the lower and of the upper bounds of :func:`nonzero_incorrect_steps` over all steps and the last
@@ -134,8 +146,8 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
     Raises:
         FileNotFoundError: no seed folder in which every method has finished, or a seed without its
             ``summary.json``.
-        ValueError: a unit logged no ``actor/grad_norm``, or counts no batch can have
-            (:func:`nonzero_incorrect_bounds`).
+        ValueError: a unit logged no ``actor/grad_norm``, no ``critic/score/mean`` or no ``response_length/mean``,
+            or counts no batch can have (:func:`nonzero_incorrect_bounds`).
     """
     seeds = finished_seeds(out, methods)
     if not seeds:
@@ -170,6 +182,7 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10)
                 "trainer_min": json.loads((run / "done.json").read_text())["wall_s"] / 60.0,
                 "mixed_first": passes[0]["n_mixed"],
                 "mixed_last": passes[-1]["n_mixed"],
+                **{name: _ends(metrics, key, ends, run) for name, key in ENDS.items()},
                 "clipped": clipped,
                 "steps": logged,
             }
@@ -190,14 +203,22 @@ def _range(pairs) -> str:
     return f"{min(p[0] for p in pairs):.2f}-{max(p[1] for p in pairs):.2f}"
 
 
-def markdown(rows: list[dict], *, early: int = 2, late: int = 10) -> str:
+def markdown(rows: list[dict], *, early: int = 2, late: int = 10, ends: int = 5) -> str:
     """The rows as a table, then one row per method with each column's range over its units."""
     mask_cols = [
         (key, when) for key in MASK_KEYS for when in ("early", "late") if any(f"{key} {when}" in r for r in rows)
     ]
     mask_cols += [(NONZERO, when) for when in ("all", "late") if any(f"{NONZERO} {when}" in r for r in rows)]
     steps_word = {"early": f"steps 1-{early}", "late": f"last {late} steps", "all": "all steps"}
-    head = ["seed", "method", "trainer min", "mixed first / last", "clipped"] + [
+    head = [
+        "seed",
+        "method",
+        "trainer min",
+        "mixed first / last",
+        f"training reward, steps 1-{ends} / last {ends}",
+        f"response tokens, steps 1-{ends} / last {ends}",
+        "clipped",
+    ] + [
         (f"{key} (mean bounds)" if key == NONZERO else f"`{key.split('/')[1]}`") + f", {steps_word[when]}"
         for key, when in mask_cols
     ]
@@ -208,6 +229,8 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10) -> str:
             r["method"],
             f"{r['trainer_min']:.1f}",
             f"{r['mixed_first']} / {r['mixed_last']}",
+            f"{r['reward'][0]:.2f} / {r['reward'][1]:.2f}",
+            f"{r['tokens'][0]:.1f} / {r['tokens'][1]:.1f}",
             f"{r['clipped']} of {r['steps']}",
         ]
         cells += [_range([r[f"{k} {w}"]]) if f"{k} {w}" in r else "" for k, w in mask_cols]
@@ -220,6 +243,12 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10) -> str:
             f"{min(r['trainer_min'] for r in mine):.1f}-{max(r['trainer_min'] for r in mine):.1f}",
             f"{min(r['mixed_first'] for r in mine)}-{max(r['mixed_first'] for r in mine)} / "
             f"{min(r['mixed_last'] for r in mine)}-{max(r['mixed_last'] for r in mine)}",
+            " / ".join(
+                f"{min(r['reward'][j] for r in mine):.2f}-{max(r['reward'][j] for r in mine):.2f}" for j in (0, 1)
+            ),
+            " / ".join(
+                f"{min(r['tokens'][j] for r in mine):.1f}-{max(r['tokens'][j] for r in mine):.1f}" for j in (0, 1)
+            ),
             f"{min(r['clipped'] for r in mine)}-{max(r['clipped'] for r in mine)}",
         ]
         cells += [
@@ -235,10 +264,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", nargs="+", required=True)
     ap.add_argument("--early", type=int, default=2, help="the first steps of the early mask range (default 2)")
     ap.add_argument("--late", type=int, default=10, help="the last steps of the late columns (default 10)")
+    ap.add_argument(
+        "--ends", type=int, default=5, help="the first and last steps of the reward and length means (default 5)"
+    )
     args = ap.parse_args(argv)
     print(
         markdown(
-            unit_facts(args.out, args.methods, early=args.early, late=args.late), early=args.early, late=args.late
+            unit_facts(args.out, args.methods, early=args.early, late=args.late, ends=args.ends),
+            early=args.early,
+            late=args.late,
+            ends=args.ends,
         ),
         end="",
     )

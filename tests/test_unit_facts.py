@@ -43,6 +43,10 @@ def test_facts_of_pilot2_by_hand(uf):
         assert (r["clipped"], r["steps"]) == (sum(n > clip for n in norms), 30)
         passes = json.loads((run.parent / "summary.json").read_text())["methods"][r["method"]]["passes"]
         assert (r["mixed_first"], r["mixed_last"]) == (passes[0]["n_mixed"], passes[-1]["n_mixed"])
+        for name, key in (("reward", "critic/score/mean"), ("tokens", "response_length/mean")):
+            ys = [d[key] for _, d in sorted(steps.items()) if key in d]
+            assert len(ys) == 30
+            assert r[name] == pytest.approx((sum(ys[:5]) / 5, sum(ys[25:]) / 5))
         if r["method"] == "capo":
             for key in ("capo/mask_frac_incorrect", "capo/mask_frac_correct"):
                 late = [d[key] for s, d in steps.items() if s > 20 and d.get(key) is not None]
@@ -55,8 +59,11 @@ def test_facts_of_pilot2_by_hand(uf):
     assert {r["clipped"] for r in rows if r["method"] == "grpo"} <= set(range(9, 17))
 
     table = uf.markdown(rows)
-    assert "| 0 | capo | 32.8 | 105 / 135 | 24 of 30 |" in table
-    assert "| all | capo | 32.8-36.9 | 104-108 / 126-135 | 21-24 |" in table
+    assert "| 0 | capo | 32.8 | 105 / 135 | 0.10 / 0.59 | 23.5 / 10.7 | 24 of 30 |" in table
+    assert (
+        "| all | capo | 32.8-36.9 | 104-108 / 126-135 | 0.05-0.10 / 0.44-0.59 | 23.5-32.4 / 10.7-12.0 | 21-24 |"
+        in table
+    )
 
 
 def test_only_seeds_where_every_method_finished(uf, tmp_path):
@@ -186,3 +193,9 @@ def test_main_page_quotes_the_scripts_table(uf):
     lo = [f"{b[0]:.2f}" for b in late["grpo"]]
     assert f"at most {min(hi)}-{max(hi)} of CAPO's incorrect" in page.replace("\n", " ")
     assert f"at least {min(lo)}-{max(lo)} of GRPO's" in page.replace("\n", " ")
+    reward = [f"{min(r['reward'][j] for r in rows):.2f}-{max(r['reward'][j] for r in rows):.2f}" for j in (0, 1)]
+    tokens = [f"{min(r['tokens'][j] for r in rows):.0f}-{max(r['tokens'][j] for r in rows):.0f}" for j in (0, 1)]
+    assert (
+        f"the reward rose from {reward[0]} to {reward[1]} while responses shortened from {tokens[0]} tokens to "
+        f"{tokens[1]}" in page.replace("\n", " ")
+    )
