@@ -144,6 +144,39 @@ def test_verl_process_group_helper_uses_gloo_in_a_fresh_process():
         assert out.strip().splitlines()[-1] == "gloo 3.0"
 
 
+@needs_no_accelerator
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_taken_master_port_is_replaced_for_one_rank_and_raised_for_more(world_size):
+    """Another process took ``MASTER_PORT`` between verl picking it and rank 0 binding it (a shared machine)."""
+    code = textwrap.dedent(
+        """
+        import os, socket, torch, torch.distributed as dist, verl
+        from verl.utils.distributed import initialize_global_process_group_ray
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        os.environ["MASTER_PORT"] = taken = str(holder.getsockname()[1])
+        try:
+            initialize_global_process_group_ray(timeout_second=20)
+        except dist.DistNetworkError as err:
+            print("raised", "EADDRINUSE" in str(err), os.environ["MASTER_PORT"] == taken)
+        else:
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            print("joined", dist.get_backend(), t.item(), os.environ["MASTER_PORT"] != taken)
+            dist.destroy_process_group()
+        """
+    )
+    env = dict(os.environ, RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if world_size == 1:
+        assert run.stdout.split() == ["joined", "gloo", "1.0", "True"]
+        assert "was taken by another process after verl picked it; retrying on port" in run.stderr
+    else:  # rank 1 would still dial the old port
+        assert run.stdout.split() == ["raised", "True", "True"]
+
+
 @pytest.mark.parametrize("api", ["cuda", "accelerator"])
 def test_a_host_where_torch_sees_an_accelerator_is_not_claimed_without_nvidia_smi(tmp_path, api):
     # verl's nvidia check needs the nvidia-smi binary (PATH or /usr/bin, /usr/local/bin, /usr/local/cuda/bin):

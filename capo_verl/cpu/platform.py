@@ -18,7 +18,8 @@ no accelerator, which then fails on NCCL, CUDA streams, pinned memory and so on.
 
    - ``verl/utils/distributed.py``: ``initialize_global_process_group_ray`` builds the backend string
      ``f"cpu:gloo,{device}:{backend}"``, which becomes ``"cpu:gloo,cpu:gloo"`` on CPU and torch rejects it;
-     on CPU the backend is plain ``"gloo"``.
+     on CPU the backend is plain ``"gloo"``. A one-rank group whose ``MASTER_PORT`` another process took between
+     verl picking it and binding it retries on a fresh port.
    - ``verl/workers/engine/fsdp/transformer_impl.py``: the FSDP engines are registered for devices ``cuda`` and
      ``npu`` only; they are registered for ``cpu`` as well. The FSDP2 reference model (forward-only) always gets
      ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator. On CPU the policy gets
@@ -42,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import types
 from typing import Any
 
@@ -257,15 +259,48 @@ def _register_platform(platform: types.ModuleType) -> None:
     platform.PlatformRegistry.register(platform=PLATFORM_NAME)(cls)
 
 
+#: how many fresh ports a one-rank process group tries after its ``MASTER_PORT`` was taken
+PORT_RETRIES = 3
+
+
+def _free_port() -> int:
+    """A port the OS reports free now (bind to port 0, as verl's ``get_master_addr_port`` does)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 @patch("verl.utils.distributed", {"initialize_global_process_group_ray": ("timeout_second", "backend")})
 def _patch_distributed(module: types.ModuleType) -> None:
-    """``verl/utils/distributed.py``: process groups on CPU use the plain ``gloo`` backend."""
+    """``verl/utils/distributed.py``: process groups on CPU use the plain ``gloo`` backend; a one-rank group whose
+    ``MASTER_PORT`` was taken picks another port.
+
+    verl's worker group picks ``MASTER_PORT`` (``verl/single_controller/ray/base.py``: ``get_master_addr_port``
+    binds port 0 and closes the socket) seconds before the rank-0 worker binds it in ``init_process_group``; on a
+    shared machine another process (a second Ray cluster's workers, say) can take the port in between, and torch
+    raises ``DistNetworkError`` ``EADDRINUSE``. With ``WORLD_SIZE`` 1 no other rank knows the port, so the group is
+    retried on a fresh one (:data:`PORT_RETRIES` times, each logged, ``MASTER_PORT`` updated); with more ranks the
+    error is raised as verl raises it, since the other ranks would still dial the old port.
+    """
     original = module.initialize_global_process_group_ray
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        if backend is None and is_cpu_platform():
-            backend = "gloo"  # verl would build "cpu:gloo,cpu:gloo", which torch rejects
-        return original(timeout_second=timeout_second, backend=backend)
+        if not is_cpu_platform():
+            return original(timeout_second=timeout_second, backend=backend)
+        backend = backend or "gloo"  # verl would build "cpu:gloo,cpu:gloo", which torch rejects
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                return original(timeout_second=timeout_second, backend=backend)
+            except torch.distributed.DistNetworkError as err:
+                if "EADDRINUSE" not in str(err) or os.environ.get("WORLD_SIZE", "1") != "1" or attempt == PORT_RETRIES:
+                    raise
+                taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(_free_port())
+                logger.warning(
+                    "capo_verl.cpu: MASTER_PORT %s of this one-rank process group was taken by another process "
+                    "after verl picked it; retrying on port %s",
+                    taken,
+                    os.environ["MASTER_PORT"],
+                )
 
     initialize_global_process_group_ray.__wrapped__ = original
     initialize_global_process_group_ray.__doc__ = original.__doc__
