@@ -97,12 +97,12 @@ def _count(value: float, total: int, key: str, run: Path, step: int) -> int:
     return count
 
 
-def nonzero_incorrect_steps(run: Path, metrics: dict[int, dict]) -> dict[int, tuple[float, float]]:
+def nonzero_incorrect_steps(run: Path, metrics: dict[int, dict], done: dict) -> dict[int, tuple[float, float]]:
     """``{step: (lo, hi)}`` of :func:`nonzero_incorrect_bounds` for each step of a unit that logged
     ``critic/score/mean`` and ``capo/mixed_group_frac`` and had an incorrect response; the batch's shape is read
-    from the unit's ``done.json`` settings. Raises ValueError as :func:`nonzero_incorrect_bounds` does, or where a
-    logged share is not a count of that batch."""
-    composed = json.loads((run / "done.json").read_text())["settings"]["composed"]
+    from the unit's ``done.json`` settings (``done``, as read). Raises ValueError as
+    :func:`nonzero_incorrect_bounds` does, or where a logged share is not a count of that batch."""
+    composed = done["settings"]["composed"]
     n, groups = composed["actor_rollout_ref"]["rollout"]["n"], composed["data"]["train_batch_size"]
     out = {}
     for step, d in sorted(metrics.items()):
@@ -123,7 +123,10 @@ def nonzero_incorrect_steps(run: Path, metrics: dict[int, dict]) -> dict[int, tu
 def _ends(metrics: dict[int, dict], key: str, ends: int, run: Path) -> tuple[float, float]:
     _, ys = series(metrics, key)
     if not ys:
-        raise ValueError(f"{run}: metrics.jsonl logged no {key}")
+        raise ValueError(
+            f"{run}: metrics.jsonl logged no {key}; these facts need units trained by capo-verl compare with "
+            "verl 0.9.1, which logs it every step"
+        )
     return float(np.mean(ys[:ends])), float(np.mean(ys[-ends:]))
 
 
@@ -173,13 +176,14 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10,
         for m in methods:
             run = out / f"seed{k}" / m
             metrics = read_metrics(run / "metrics.jsonl")
+            done = json.loads((run / "done.json").read_text())
             steps, _ = series(metrics, "actor/grad_norm")
             clipped, logged = (int(c) for c in counts[m][i])
             passes = summary["methods"][m]["passes"]
             row = {
                 "seed": k,
                 "method": m,
-                "trainer_min": json.loads((run / "done.json").read_text())["wall_s"] / 60.0,
+                "trainer_min": done["wall_s"] / 60.0,
                 "mixed_first": passes[0]["n_mixed"],
                 "mixed_last": passes[-1]["n_mixed"],
                 **{name: _ends(metrics, key, ends, run) for name, key in ENDS.items()},
@@ -191,7 +195,7 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10,
                 for when, sel in (("early", xs <= early), ("late", xs > max(steps) - late)):
                     if sel.any():
                         row[f"{key} {when}"] = (float(ys[sel].min()), float(ys[sel].max()))
-            bounds = nonzero_incorrect_steps(run, metrics)
+            bounds = nonzero_incorrect_steps(run, metrics, done)
             for when, chosen in (("all", list(bounds)), ("late", [s for s in bounds if s > max(steps) - late])):
                 if chosen:
                     row[f"{NONZERO} {when}"] = tuple(float(np.mean([bounds[s][j] for s in chosen])) for j in (0, 1))
@@ -199,8 +203,14 @@ def unit_facts(out: Path, methods: list[str], *, early: int = 2, late: int = 10,
     return rows
 
 
-def _range(pairs) -> str:
-    return f"{min(p[0] for p in pairs):.2f}-{max(p[1] for p in pairs):.2f}"
+def _range(pairs, fmt: str = ".2f") -> str:
+    """``min(lo)-max(hi)`` of ``(lo, hi)`` pairs."""
+    return f"{min(p[0] for p in pairs):{fmt}}-{max(p[1] for p in pairs):{fmt}}"
+
+
+def _span(values, fmt: str) -> str:
+    """``min-max`` of the values."""
+    return _range([(v, v) for v in values], fmt)
 
 
 def markdown(rows: list[dict], *, early: int = 2, late: int = 10, ends: int = 5) -> str:
@@ -215,8 +225,8 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10, ends: int = 5)
         "method",
         "trainer min",
         "mixed first / last",
-        f"training reward, steps 1-{ends} / last {ends}",
-        f"response tokens, steps 1-{ends} / last {ends}",
+        f"training reward, first {ends} / last {ends} steps",
+        f"response tokens, first {ends} / last {ends} steps",
         "clipped",
     ] + [
         (f"{key} (mean bounds)" if key == NONZERO else f"`{key.split('/')[1]}`") + f", {steps_word[when]}"
@@ -240,16 +250,11 @@ def markdown(rows: list[dict], *, early: int = 2, late: int = 10, ends: int = 5)
         cells = [
             "all",
             m,
-            f"{min(r['trainer_min'] for r in mine):.1f}-{max(r['trainer_min'] for r in mine):.1f}",
-            f"{min(r['mixed_first'] for r in mine)}-{max(r['mixed_first'] for r in mine)} / "
-            f"{min(r['mixed_last'] for r in mine)}-{max(r['mixed_last'] for r in mine)}",
-            " / ".join(
-                f"{min(r['reward'][j] for r in mine):.2f}-{max(r['reward'][j] for r in mine):.2f}" for j in (0, 1)
-            ),
-            " / ".join(
-                f"{min(r['tokens'][j] for r in mine):.1f}-{max(r['tokens'][j] for r in mine):.1f}" for j in (0, 1)
-            ),
-            f"{min(r['clipped'] for r in mine)}-{max(r['clipped'] for r in mine)}",
+            _span([r["trainer_min"] for r in mine], ".1f"),
+            " / ".join(_span([r[f"mixed_{w}"] for r in mine], "d") for w in ("first", "last")),
+            " / ".join(_span([r["reward"][j] for r in mine], ".2f") for j in (0, 1)),
+            " / ".join(_span([r["tokens"][j] for r in mine], ".1f") for j in (0, 1)),
+            _span([r["clipped"] for r in mine], "d"),
         ]
         cells += [
             _range([r[f"{k} {w}"] for r in mine]) if all(f"{k} {w}" in r for r in mine) else "" for k, w in mask_cols

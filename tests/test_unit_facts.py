@@ -89,6 +89,23 @@ def test_a_seed_without_its_summary_names_the_command_that_writes_it(uf, tmp_pat
         uf.unit_facts(tmp_path, ["grpo", "capo"])
 
 
+def test_a_unit_that_logged_no_response_length_names_what_logs_it(uf, tmp_path):
+    shutil.copytree(PILOT / "seed0", tmp_path / "seed0")
+    run = tmp_path / "seed0" / "grpo"
+    lines = []
+    for line in read_text(run / "metrics.jsonl").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            r["data"].pop("response_length/mean", None)
+            lines.append(json.dumps(r))
+    (run / "metrics.jsonl.xz").unlink()
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        ValueError, match=r"seed0/grpo: metrics\.jsonl logged no response_length/mean; .*capo-verl compare"
+    ):
+        uf.unit_facts(tmp_path, ["grpo", "capo"])
+
+
 def _bounds_by_enumeration(n_correct: int, n_mixed: int, n: int, groups: int) -> tuple[float, float]:
     """Every split of the batch into groups (correct count per group) with these counts, read directly."""
     shares = [
