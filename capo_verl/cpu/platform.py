@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import types
 from typing import Any
 
@@ -263,13 +262,6 @@ def _register_platform(platform: types.ModuleType) -> None:
 PORT_RETRIES = 3
 
 
-def _free_port() -> int:
-    """A port the OS reports free now (bind to port 0, as verl's ``get_master_addr_port`` does)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 @patch("verl.utils.distributed", {"initialize_global_process_group_ray": ("timeout_second", "backend")})
 def _patch_distributed(module: types.ModuleType) -> None:
     """``verl/utils/distributed.py``: process groups on CPU use the plain ``gloo`` backend; a one-rank group whose
@@ -280,8 +272,10 @@ def _patch_distributed(module: types.ModuleType) -> None:
     shared machine another process (a second Ray cluster's workers, say) can take the port in between, and torch
     raises ``DistNetworkError`` ``EADDRINUSE``. With ``WORLD_SIZE`` 1 no other rank knows the port, so the group is
     retried on a fresh one (:data:`PORT_RETRIES` times, each logged, ``MASTER_PORT`` updated); with more ranks the
-    error is raised as verl raises it, since the other ranks would still dial the old port.
+    error is raised as verl raises it, with a note, since the other ranks would still dial the old port.
     """
+    from verl.utils.net_utils import get_free_port
+
     original = module.initialize_global_process_group_ray
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
@@ -292,9 +286,16 @@ def _patch_distributed(module: types.ModuleType) -> None:
             try:
                 return original(timeout_second=timeout_second, backend=backend)
             except torch.distributed.DistNetworkError as err:
-                if "EADDRINUSE" not in str(err) or os.environ.get("WORLD_SIZE", "1") != "1" or attempt == PORT_RETRIES:
+                if "EADDRINUSE" not in str(err):
                     raise
-                taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(_free_port())
+                if os.environ.get("WORLD_SIZE", "1") != "1" or attempt == PORT_RETRIES:
+                    err.add_note(
+                        f"capo_verl.cpu: another process took MASTER_PORT {os.environ.get('MASTER_PORT')} after verl "
+                        "picked it (a busy shared machine); launch the run again"
+                    )
+                    raise
+                taken = os.environ.get("MASTER_PORT")
+                os.environ["MASTER_PORT"] = str(get_free_port(os.environ.get("MASTER_ADDR", ""))[0])
                 logger.warning(
                     "capo_verl.cpu: MASTER_PORT %s of this one-rank process group was taken by another process "
                     "after verl picked it; retrying on port %s",
