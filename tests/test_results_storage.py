@@ -25,12 +25,14 @@ STUDIES = {
     "compare_main_cpu/units": "compare_main_cpu/plan.yaml",
     "compare_nomask_cpu/units": "compare_nomask_cpu/plan.yaml",
     "compare_nomask_cpu/mask_reading": None,
+    "compare_nomask_cpu/main_reading": "compare_main_cpu/plan.yaml",
     "compare_pilot2_cpu/pilot": "compare_pilot2_cpu/plan.yaml",
     "compare_decisive_cpu/pilot": None,
 }
 #: study folder -> what it reads from other studies' committed files, as ``(study, top-level names, per-seed
 #: names)``: the no-mask run pairs with the main run's GRPO units, step-0 passes and teacher-forced pool, committed
-#: once, in the main run's folder; its mask reading sets its no-mask units against the main run's CAPO units
+#: once, in the main run's folder; its mask reading sets its no-mask units against the main run's CAPO units, and
+#: its main reading is the main run's CAPO against GRPO over the no-mask run's seeds
 #: (benchmarks/results/compare_nomask_cpu/readings.sh)
 SHARES = {
     "compare_nomask_cpu/units": [("compare_main_cpu/units", ("teacher_forced",), ("step0", "grpo"))],
@@ -38,6 +40,7 @@ SHARES = {
         ("compare_main_cpu/units", ("teacher_forced",), ("step0", "capo")),
         ("compare_nomask_cpu/units", (), ("capo_no_mask",)),
     ],
+    "compare_nomask_cpu/main_reading": [("compare_main_cpu/units", ("teacher_forced",), ("step0", "grpo", "capo"))],
 }
 
 
