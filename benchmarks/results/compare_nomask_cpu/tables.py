@@ -1,0 +1,195 @@
+"""The tables of docs/results/nomask.md, printed from the committed summaries and units (after ``readings.sh``):
+
+    .venv/bin/python benchmarks/results/compare_nomask_cpu/tables.py
+
+1. the co-primary table and the verdict line: no-mask CAPO - GRPO by ``plan.yaml`` (``units/seeds_summary.json``);
+2. the three readings, each a difference paired by seed over the same seeds, mean and 95% Student-t interval:
+   no-mask CAPO - GRPO (``units/``), no-mask CAPO - masked CAPO (``mask_reading/``) and masked CAPO - GRPO
+   (``main_reading/``), for the sampled AUC-mean and accuracy at step 30, the entropy of steps 26-30 and the
+   teacher-forced AUC-mean of the shared pool at step 30;
+3. the same four measures per method, means over the seeds;
+4. what the mechanism predicts, per method: the share of a step's incorrect responses with a nonzero advantage (the
+   bounds of ``benchmarks/unit_facts.py``, their ranges over the units), the mean sequence advantage of correct and
+   of incorrect responses over the 30 steps, the clipped steps, the training reward and the response length.
+
+tests/test_results_pages.py checks the page's co-primary table, verdict line and readings table against the
+summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from unit_facts import NONZERO, unit_facts  # noqa: E402
+
+from capo_verl.compare.verdict import difference_record, load_plan  # noqa: E402
+
+MAIN_UNITS = REPO / "benchmarks" / "results" / "compare_main_cpu" / "units"
+NAMES = {"grpo": "GRPO", "capo": "masked CAPO", "capo_no_mask": "no-mask CAPO"}
+#: label -> (summary, its pair): the three readings of the page
+READINGS = {
+    "no-mask CAPO - GRPO (the plan's verdict)": (HERE / "units" / "seeds_summary.json", "capo_no_mask - grpo"),
+    "no-mask CAPO - masked CAPO (what the mask does)": (
+        HERE / "mask_reading" / "seeds_summary.json",
+        "capo_no_mask - capo",
+    ),
+    "masked CAPO - GRPO (the main run, these seeds)": (HERE / "main_reading" / "seeds_summary.json", "capo - grpo"),
+}
+COLUMNS = (
+    "sampled AUC-mean, step 30",
+    "accuracy (mean@16), step 30",
+    "entropy, steps 26-30 (nats)",
+    "teacher-forced AUC-mean, step 30",
+)
+
+
+def tf_record(summary: dict, pair: str) -> dict:
+    """The teacher-forced AUC-mean's step-30 difference record of ``pair`` in a seeds summary."""
+    return summary["secondary"]["teacher_forced_auc_mean"]["rows"]["step 30"]["differences"][pair]
+
+
+def records(summary: dict, pair: str) -> list[dict]:
+    """The four measures' difference records of ``pair``, in :data:`COLUMNS`' order."""
+    out = [difference_record(summary, m, pair) for m in ("auc_mean", "accuracy", "entropy")] + [
+        tf_record(summary, pair)
+    ]
+    if any(r is None for r in out):
+        raise KeyError(f"{pair}: a measure of {COLUMNS} is missing from the summary; run readings.sh again")
+    return out
+
+
+def interval(record: dict) -> str:
+    t = record["t_interval"]
+    return f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
+
+
+def seeds_text(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
+
+
+def co_primary(summary: dict) -> str:
+    plan = load_plan(HERE / "plan.yaml")
+    (pair,) = summary["co_primary"]
+    co = summary["co_primary"][pair]
+    lines = [
+        f"| co-primary endpoint, no-mask CAPO - GRPO | per seed ({seeds_text(summary['seeds'])}) | mean | 95% "
+        "t-interval | reading | half-width | sd over seeds | seed pairs for the margin |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in plan.endpoints:
+        r, c = difference_record(summary, e.measure, pair), co["endpoints"][e.key]
+        lines.append(
+            f"| {e.key}: {e.label} (margin {e.margin:g}) | {', '.join(f'{x:+.3f}' for x in r['per_seed'])} | "
+            f"{c['mean']:+.3f} | [{c['low']:+.3f}, {c['high']:+.3f}] | {c['words']} | {c['half_width']:.3f} | "
+            f"{c['sd']:.3f} | {c['seeds_needed']} |"
+        )
+    return "\n".join(lines) + f"\n\n**Verdict by the plan's rule: {co['verdict']['verdict']}.**\n"
+
+
+def readings(summaries: dict[str, dict]) -> str:
+    seeds = {label: s["seeds"] for label, s in summaries.items()}
+    if len({tuple(v) for v in seeds.values()}) != 1:
+        raise ValueError(f"the readings cover different seeds {seeds}; run readings.sh over the seeds done")
+    (first,) = {tuple(v) for v in seeds.values()}
+    lines = [
+        f"| reading, paired by seed ({seeds_text(list(first))}), mean [95% t-interval] | " + " | ".join(COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for label, (_, pair) in READINGS.items():
+        lines.append(f"| {label} | " + " | ".join(interval(r) for r in records(summaries[label], pair)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def per_method(summaries: dict[str, dict]) -> dict[str, list[np.ndarray]]:
+    """``{method: [per-seed values of each of COLUMNS' measures]}`` from the summaries that hold the method."""
+    out = {}
+    for s in summaries.values():
+        for m in s["methods"]:
+            if m in out:
+                continue
+            tf = s["secondary"]["teacher_forced_auc_mean"]["rows"]["step 30"]["per_seed"][m]
+            ent = s["secondary"]["entropy"]["rows"]["entropy"]["per_seed"][m]
+            out[m] = [
+                np.asarray(v)
+                for v in (s["per_seed"][m]["auc_mean"]["last"], s["per_seed"][m]["accuracy"]["last"], ent, tf)
+            ]
+    return out
+
+
+def levels(summaries: dict[str, dict]) -> str:
+    values = per_method(summaries)
+    lines = ["| method, mean over the seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for m in ("grpo", "capo", "capo_no_mask"):
+        lines.append(f"| {NAMES[m]} | " + " | ".join(f"{v.mean():.3f}" for v in values[m]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _span(xs, fmt: str) -> str:
+    return f"{min(xs):{fmt}}-{max(xs):{fmt}}"
+
+
+def mechanism(summaries: dict[str, dict]) -> str:
+    seeds = next(iter(summaries.values()))["seeds"]
+    facts = [
+        r
+        for folder, methods in ((MAIN_UNITS, ["grpo", "capo"]), (HERE / "units", ["capo_no_mask"]))
+        for r in unit_facts(folder, methods)
+        if r["seed"] in seeds
+    ]
+    secondary = {}
+    for s in summaries.values():
+        for m in s["methods"]:
+            adv = s["secondary"]["advantage_by_outcome"]["rows"]
+            secondary.setdefault(
+                m,
+                (
+                    np.mean(adv["correct responses"]["per_seed"][m]),
+                    np.mean(adv["incorrect responses"]["per_seed"][m]),
+                ),
+            )
+    head = [
+        "method",
+        f"{NONZERO} (mean bounds), all steps",
+        f"{NONZERO} (mean bounds), last 10 steps",
+        "mean advantage, correct / incorrect",
+        "clipped steps of 30",
+        "training reward, first 5 / last 5 steps",
+        "response tokens, first 5 / last 5 steps",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in ("grpo", "capo", "capo_no_mask"):
+        mine = [r for r in facts if r["method"] == m]
+        if sorted(r["seed"] for r in mine) != list(seeds):
+            raise ValueError(f"{m}: units of seeds {sorted(r['seed'] for r in mine)}, not {seeds}")
+        cells = [
+            NAMES[m],
+            *(
+                f"{min(r[f'{NONZERO} {w}'][0] for r in mine):.2f}-{max(r[f'{NONZERO} {w}'][1] for r in mine):.2f}"
+                for w in ("all", "late")
+            ),
+            f"{secondary[m][0]:+.3f} / {secondary[m][1]:+.3f}",
+            _span([r["clipped"] for r in mine], "d"),
+            " / ".join(_span([r["reward"][j] for r in mine], ".2f") for j in (0, 1)),
+            " / ".join(_span([r["tokens"][j] for r in mine], ".1f") for j in (0, 1)),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    summaries = {label: json.loads(path.read_text()) for label, (path, _) in READINGS.items()}
+    verdict = next(iter(summaries.values()))
+    for part in (co_primary(verdict), readings(summaries), levels(summaries), mechanism(summaries)):
+        print(part)
+
+
+if __name__ == "__main__":
+    main()
