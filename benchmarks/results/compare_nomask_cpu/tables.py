@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from unit_facts import NONZERO, unit_facts  # noqa: E402
+from unit_facts import NONZERO, _range, _span, unit_facts  # noqa: E402
 
 from capo_verl.compare.verdict import difference_record, load_plan  # noqa: E402
 
@@ -67,15 +67,18 @@ def records(summary: dict, pair: str) -> list[dict]:
 
 
 def interval(record: dict) -> str:
+    """A difference record's Student-t interval as ``mean [low, high]``, signed, three decimals."""
     t = record["t_interval"]
     return f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
 
 
 def seeds_text(seeds: list[int]) -> str:
+    """``3-12`` for consecutive seeds, else the seeds listed."""
     return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
 
 
 def co_primary(summary: dict) -> str:
+    """The co-primary table of no-mask CAPO - GRPO by ``plan.yaml`` and the verdict line, as markdown."""
     plan = load_plan(HERE / "plan.yaml")
     (pair,) = summary["co_primary"]
     co = summary["co_primary"][pair]
@@ -95,6 +98,7 @@ def co_primary(summary: dict) -> str:
 
 
 def readings(summaries: dict[str, dict]) -> str:
+    """The three readings' table, as markdown; raises ValueError if the summaries cover different seeds."""
     seeds = {label: s["seeds"] for label, s in summaries.items()}
     if len({tuple(v) for v in seeds.values()}) != 1:
         raise ValueError(f"the readings cover different seeds {seeds}; run readings.sh over the seeds done")
@@ -125,6 +129,7 @@ def per_method(summaries: dict[str, dict]) -> dict[str, list[np.ndarray]]:
 
 
 def levels(summaries: dict[str, dict]) -> str:
+    """Each method's mean over the seeds of :data:`COLUMNS`' measures, as markdown."""
     values = per_method(summaries)
     lines = ["| method, mean over the seeds | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for m in ("grpo", "capo", "capo_no_mask"):
@@ -132,11 +137,12 @@ def levels(summaries: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _span(xs, fmt: str) -> str:
-    return f"{min(xs):{fmt}}-{max(xs):{fmt}}"
-
-
 def mechanism(summaries: dict[str, dict]) -> str:
+    """Per method, what the mechanism predicts (item 4 above), ranges over the units of the summaries' seeds.
+
+    Raises:
+        ValueError: a method has no unit for some seed of the summaries.
+    """
     seeds = next(iter(summaries.values()))["seeds"]
     facts = [
         r
@@ -146,15 +152,10 @@ def mechanism(summaries: dict[str, dict]) -> str:
     ]
     secondary = {}
     for s in summaries.values():
+        adv = s["secondary"]["advantage_by_outcome"]["rows"]
         for m in s["methods"]:
-            adv = s["secondary"]["advantage_by_outcome"]["rows"]
-            secondary.setdefault(
-                m,
-                (
-                    np.mean(adv["correct responses"]["per_seed"][m]),
-                    np.mean(adv["incorrect responses"]["per_seed"][m]),
-                ),
-            )
+            if m not in secondary:
+                secondary[m] = tuple(np.mean(adv[f"{o} responses"]["per_seed"][m]) for o in ("correct", "incorrect"))
     head = [
         "method",
         f"{NONZERO} (mean bounds), all steps",
@@ -171,10 +172,7 @@ def mechanism(summaries: dict[str, dict]) -> str:
             raise ValueError(f"{m}: units of seeds {sorted(r['seed'] for r in mine)}, not {seeds}")
         cells = [
             NAMES[m],
-            *(
-                f"{min(r[f'{NONZERO} {w}'][0] for r in mine):.2f}-{max(r[f'{NONZERO} {w}'][1] for r in mine):.2f}"
-                for w in ("all", "late")
-            ),
+            *(_range([r[f"{NONZERO} {w}"] for r in mine]) for w in ("all", "late")),
             f"{secondary[m][0]:+.3f} / {secondary[m][1]:+.3f}",
             _span([r["clipped"] for r in mine], "d"),
             " / ".join(_span([r["reward"][j] for r in mine], ".2f") for j in (0, 1)),
