@@ -8,11 +8,14 @@
    (``main_reading/``), for the sampled AUC-mean and accuracy at step 30, the entropy of steps 26-30 and the
    teacher-forced AUC-mean of the shared pool at step 30;
 3. the same four measures per method, means over the seeds;
-4. what the mechanism predicts, per method: the share of a step's incorrect responses with a nonzero advantage (the
-   bounds of ``benchmarks/unit_facts.py``, their ranges over the units), the mean sequence advantage of correct and
+4. the three readings of what the mechanism predicts: the share of steps whose grad norm exceeded the clip and the
+   mean sequence advantage of correct and of incorrect responses over the 30 steps;
+5. what the mechanism predicts, per method: the share of a step's incorrect responses with a nonzero advantage over
+   the last 10 steps (no unit logs it: the lower and the upper bound of ``benchmarks/unit_facts.py``, each a range
+   over the units), the mean sequence advantage of correct and
    of incorrect responses over the 30 steps, the clipped steps, the training reward and the response length.
 
-tests/test_results_pages.py checks the page's co-primary table, verdict line and readings table against the
+tests/test_results_pages.py checks the page's co-primary table, verdict line and both readings tables against the
 summaries.
 """
 
@@ -28,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from unit_facts import NONZERO, _range, _span, unit_facts  # noqa: E402
+from unit_facts import NONZERO, _span, unit_facts  # noqa: E402
 
 from capo_verl.compare.verdict import difference_record, load_plan  # noqa: E402
 
@@ -50,10 +53,22 @@ COLUMNS = (
     "teacher-forced AUC-mean, step 30",
 )
 
+#: (secondary reading, its row, the column's title): the mechanism's measures in a seeds summary
+MECHANISM = (
+    ("grad_clipped", "share of steps", "share of steps whose grad norm exceeded the clip"),
+    ("advantage_by_outcome", "correct responses", "mean advantage, correct responses"),
+    ("advantage_by_outcome", "incorrect responses", "mean advantage, incorrect responses"),
+)
+
+
+def secondary_record(summary: dict, name: str, row: str, pair: str) -> dict:
+    """The difference record of ``pair`` in row ``row`` of the seeds summary's secondary reading ``name``."""
+    return summary["secondary"][name]["rows"][row]["differences"][pair]
+
 
 def tf_record(summary: dict, pair: str) -> dict:
     """The teacher-forced AUC-mean's step-30 difference record of ``pair`` in a seeds summary."""
-    return summary["secondary"]["teacher_forced_auc_mean"]["rows"]["step 30"]["differences"][pair]
+    return secondary_record(summary, "teacher_forced_auc_mean", "step 30", pair)
 
 
 def records(summary: dict, pair: str) -> list[dict]:
@@ -112,6 +127,18 @@ def readings(summaries: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mechanism_readings(summaries: dict[str, dict]) -> str:
+    """The three readings of :data:`MECHANISM`'s measures (item 4 above), as markdown."""
+    lines = [
+        "| reading, paired by seed, mean [95% t-interval] | " + " | ".join(c for *_, c in MECHANISM) + " |",
+        "|---" * (len(MECHANISM) + 1) + "|",
+    ]
+    for label, (_, pair) in READINGS.items():
+        cells = [interval(secondary_record(summaries[label], name, row, pair)) for name, row, _ in MECHANISM]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def per_method(summaries: dict[str, dict]) -> dict[str, list[np.ndarray]]:
     """``{method: [per-seed values of each of COLUMNS' measures]}`` from the summaries that hold the method."""
     out = {}
@@ -138,7 +165,7 @@ def levels(summaries: dict[str, dict]) -> str:
 
 
 def mechanism(summaries: dict[str, dict]) -> str:
-    """Per method, what the mechanism predicts (item 4 above), ranges over the units of the summaries' seeds.
+    """Per method, what the mechanism predicts (item 5 above), ranges over the units of the summaries' seeds.
 
     Raises:
         ValueError: a method has no unit for some seed of the summaries.
@@ -158,8 +185,8 @@ def mechanism(summaries: dict[str, dict]) -> str:
                 secondary[m] = tuple(np.mean(adv[f"{o} responses"]["per_seed"][m]) for o in ("correct", "incorrect"))
     head = [
         "method",
-        f"{NONZERO} (mean bounds), all steps",
-        f"{NONZERO} (mean bounds), last 10 steps",
+        f"{NONZERO}, last 10 steps: lower bound",
+        f"{NONZERO}, last 10 steps: upper bound",
         "mean advantage, correct / incorrect",
         "clipped steps of 30",
         "training reward, first 5 / last 5 steps",
@@ -172,7 +199,7 @@ def mechanism(summaries: dict[str, dict]) -> str:
             raise ValueError(f"{m}: units of seeds {sorted(r['seed'] for r in mine)}, not {seeds}")
         cells = [
             NAMES[m],
-            *(_range([r[f"{NONZERO} {w}"] for r in mine]) for w in ("all", "late")),
+            *(_span([r[f"{NONZERO} late"][j] for r in mine], ".2f") for j in (0, 1)),
             f"{secondary[m][0]:+.3f} / {secondary[m][1]:+.3f}",
             _span([r["clipped"] for r in mine], "d"),
             " / ".join(_span([r["reward"][j] for r in mine], ".2f") for j in (0, 1)),
@@ -185,7 +212,8 @@ def mechanism(summaries: dict[str, dict]) -> str:
 def main() -> None:
     summaries = {label: json.loads(path.read_text()) for label, (path, _) in READINGS.items()}
     verdict = next(iter(summaries.values()))
-    for part in (co_primary(verdict), readings(summaries), levels(summaries), mechanism(summaries)):
+    parts = (co_primary(verdict), readings(summaries), levels(summaries), mechanism_readings(summaries))
+    for part in (*parts, mechanism(summaries)):
         print(part)
 
 
