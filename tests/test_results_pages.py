@@ -30,7 +30,29 @@ PAGES = {
         STUDIES / "compare_main_cpu" / "units" / "seeds_summary.json",
         STUDIES / "compare_main_cpu" / "plan.yaml",
     ),
+    "nomask.md": (
+        STUDIES / "compare_nomask_cpu" / "units" / "seeds_summary.json",
+        STUDIES / "compare_nomask_cpu" / "plan.yaml",
+    ),
 }
+NOMASK = STUDIES / "compare_nomask_cpu"
+# page -> {row label: (the summary it quotes, its pair)}: a page's two tables of readings, each row a paired
+# difference over the same seeds, "mean [low, high]" of its 95% t-interval (benchmarks/results/compare_nomask_cpu/
+# tables.py): first the sampled AUC-mean, accuracy and entropy and the teacher-forced AUC-mean at step 30, then the
+# mechanism's measures (MECHANISM)
+READINGS = {
+    "nomask.md": {
+        "no-mask CAPO - GRPO": (NOMASK / "units" / "seeds_summary.json", "capo_no_mask - grpo"),
+        "no-mask CAPO - masked CAPO": (NOMASK / "mask_reading" / "seeds_summary.json", "capo_no_mask - capo"),
+        "masked CAPO - GRPO": (NOMASK / "main_reading" / "seeds_summary.json", "capo - grpo"),
+    },
+}
+# (secondary reading, row) of the second table's columns
+MECHANISM = (
+    ("grad_clipped", "share of steps"),
+    ("advantage_by_outcome", "correct responses"),
+    ("advantage_by_outcome", "incorrect responses"),
+)
 
 
 def _table_rows(page: str, endpoints: list[str]) -> dict[str, list[str]]:
@@ -68,3 +90,27 @@ def test_co_primary_table_and_verdict_quote_the_summary(name):
         assert (half_width, sd) == (f"{e['half_width']:.3f}", f"{e['sd']:.3f}"), (name, endpoint)
         assert needed == str(e["seeds_needed"]), (name, endpoint)
     assert f"**Verdict by the plan's rule: {co['verdict']['verdict']}.**" in page, name
+
+
+def _interval(record: dict) -> str:
+    t = record["t_interval"]
+    return f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}]"
+
+
+@pytest.mark.parametrize("name", sorted(READINGS))
+def test_readings_tables_quote_each_summary(name):
+    page = (REPO / "docs" / "results" / name).read_text()
+    seeds = set()
+    for label, (summary_path, pair) in READINGS[name].items():
+        summary = json.loads(summary_path.read_text())
+        seeds.add(tuple(summary["seeds"]))
+        rows = [line for line in page.splitlines() if line.startswith(f"| {label} (")]
+        assert len(rows) == 2, f"{name}: {len(rows)} rows labelled {label!r}, not one in each readings table"
+        endpoints, mechanism = ([c.strip() for c in row.strip().strip("|").split("|")][1:] for row in rows)
+        secondary = summary["secondary"]
+        tf = secondary["teacher_forced_auc_mean"]["rows"]["step 30"]["differences"][pair]
+        expected = [_interval(difference_record(summary, m, pair)) for m in ("auc_mean", "accuracy", "entropy")]
+        assert endpoints == [*expected, _interval(tf)], (name, label)
+        expected = [_interval(secondary[k]["rows"][row]["differences"][pair]) for k, row in MECHANISM]
+        assert mechanism == expected, (name, label)
+    assert len(seeds) == 1, f"{name}: the readings cover different seeds {sorted(seeds)}"
