@@ -5,6 +5,10 @@ The table rows are read by their first words, the plan's endpoint keys (``calibr
 ``accuracy:``), and their columns are: per-seed differences, mean, 95% t-interval, reading, half-width, sd over
 seeds, seed pairs for the margin. What each endpoint measures is the study's plan file's
 (``endpoints.<name>.measure``).
+
+A page with several readings (the no-mask run's: against GRPO, against masked CAPO, and the main run's own) quotes
+each reading's summary in two tables whose rows are read by their labels (:data:`READINGS`); every summary must cover
+the same seeds.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ def _interval(record: dict) -> str:
 
 @pytest.mark.parametrize("name", sorted(READINGS))
 def test_readings_tables_quote_each_summary(name):
+    """Each readings row is ``mean [low, high]`` of its summary's 95% t-interval, to three decimals."""
     page = (REPO / "docs" / "results" / name).read_text()
     seeds = set()
     for label, (summary_path, pair) in READINGS[name].items():
