@@ -24,6 +24,7 @@ from capo_verl.compare.verdict import difference_record, load_plan
 REPO = Path(__file__).resolve().parents[1]
 
 STUDIES = REPO / "benchmarks" / "results"
+NOMASK = STUDIES / "compare_nomask_cpu"
 # page -> (the summary it quotes, the study's plan file)
 PAGES = {
     "pilot2.md": (
@@ -34,12 +35,8 @@ PAGES = {
         STUDIES / "compare_main_cpu" / "units" / "seeds_summary.json",
         STUDIES / "compare_main_cpu" / "plan.yaml",
     ),
-    "nomask.md": (
-        STUDIES / "compare_nomask_cpu" / "units" / "seeds_summary.json",
-        STUDIES / "compare_nomask_cpu" / "plan.yaml",
-    ),
+    "nomask.md": (NOMASK / "units" / "seeds_summary.json", NOMASK / "plan.yaml"),
 }
-NOMASK = STUDIES / "compare_nomask_cpu"
 # page -> {row label: (the summary it quotes, its pair)}: a page's two tables of readings, each row a paired
 # difference over the same seeds, "mean [low, high]" of its 95% t-interval (benchmarks/results/compare_nomask_cpu/
 # tables.py): first the sampled AUC-mean, accuracy and entropy and the teacher-forced AUC-mean at step 30, then the
@@ -59,6 +56,11 @@ MECHANISM = (
 )
 
 
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells after the first (its label), stripped."""
+    return [c.strip() for c in line.strip().strip("|").split("|")][1:]
+
+
 def _table_rows(page: str, endpoints: list[str]) -> dict[str, list[str]]:
     """``{endpoint: cells}`` of the page's co-primary table (cells after the first, stripped): for each of the plan's
     ``endpoints``, the first row whose first cell starts with ``<endpoint>:`` (a later table, such as a pooled
@@ -68,7 +70,7 @@ def _table_rows(page: str, endpoints: list[str]) -> dict[str, list[str]]:
     for line in page.splitlines():
         m = starts.match(line)
         if m and m.group(1) not in rows:
-            rows[m.group(1)] = [c.strip() for c in line.strip().strip("|").split("|")][1:]
+            rows[m.group(1)] = _cells(line)
     return rows
 
 
@@ -111,7 +113,7 @@ def test_readings_tables_quote_each_summary(name):
         seeds.add(tuple(summary["seeds"]))
         rows = [line for line in page.splitlines() if line.startswith(f"| {label} (")]
         assert len(rows) == 2, f"{name}: {len(rows)} rows labelled {label!r}, not one in each readings table"
-        endpoints, mechanism = ([c.strip() for c in row.strip().strip("|").split("|")][1:] for row in rows)
+        endpoints, mechanism = map(_cells, rows)
         secondary = summary["secondary"]
         tf = secondary["teacher_forced_auc_mean"]["rows"]["step 30"]["differences"][pair]
         expected = [_interval(difference_record(summary, m, pair)) for m in ("auc_mean", "accuracy", "entropy")]
