@@ -3,10 +3,16 @@
 Two patches, in verl's TaskRunner (where the trainer runs):
 
 1. ``verl/utils/tracking.py``: ``Tracking.log(self, data, step, backend=None)`` also keeps each step's numbers in
-   this process (:data:`HISTORY`), whatever loggers ``trainer.logger`` names.
-2. ``verl/trainer/ppo/v1/trainer_base.py``: ``PPOTrainer.fit(self, agent_loop_manager)``: when it returns normally,
-   :func:`summary` is printed (stdout, which Ray forwards to the driver's console) and :func:`write_curves` writes
-   ``<trainer.default_local_dir>/curves.png``. A failed run prints neither. Either way the training-data
+   this process (:data:`HISTORY`), whatever loggers ``trainer.logger`` names. ``FileLogger.__init__(self,
+   project_name, experiment_name)``, in a resumed run, keeps the metrics file's lines of the steps up to the
+   checkpoint it resumed from and appends after them (verl opens the file with ``"wb"``, which dropped every earlier
+   step): :func:`keep_earlier_metrics`.
+2. ``verl/trainer/ppo/v1/trainer_base.py``: ``PPOTrainer.fit(self, agent_loop_manager)``: in a resumed run the
+   earlier steps' numbers are first read back from the metrics file into :data:`HISTORY`
+   (:func:`earlier_history`), so that the summary and the curves cover steps 1..N. When ``fit`` returns normally,
+   :func:`write_curves` writes ``<trainer.default_local_dir>/curves.png`` and :func:`summary` is printed (stdout,
+   which Ray forwards to the driver's console). Both are best-effort: a failure to write either is one warning
+   line, and the run's exit status stays verl's. A failed run prints neither. Either way the training-data
    iterator's worker processes are stopped first (:func:`stop_dataloader_workers`).
 
 The block: the steps done and the time; validation accuracy and ``val-calib`` AUC-mean, first pass against last;
@@ -23,6 +29,8 @@ inherit.
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import math
 import os
 import shlex
@@ -32,10 +40,14 @@ from pathlib import Path
 
 from .patching import after_import, patch
 
+logger = logging.getLogger("capo_verl")
+
 #: the environment variable that carries the trainer's command line from the driver to the TaskRunner
 COMMAND_ENV = "CAPO_VERL_TRAINER_COMMAND"
 #: ``[(step, {metric: value})]`` logged by verl's ``Tracking.log`` in this process
 HISTORY: list[tuple[int, dict[str, float]]] = []
+#: the step this process's trainer resumed from (verl's ``global_steps`` when ``fit`` starts; 0: from the model)
+RESUMED = {"step": 0}
 #: the curves: (file key or prefix, title, y label); a key ending in ``/`` plots every metric under it
 CURVES = (
     ("critic/rewards/mean", "reward (critic/rewards/mean)", "reward"),
@@ -125,18 +137,106 @@ def resume_command(command: str | None) -> str:
     return f"{command} trainer.resume_mode=auto"
 
 
+def file_logger_path(project_name: str, experiment_name: str) -> str:
+    """The file verl's ``FileLogger`` writes (``verl/utils/tracking.py``): ``VERL_FILE_LOGGER_PATH``, else
+    ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (root default: the working folder), made absolute."""
+    path = os.getenv("VERL_FILE_LOGGER_PATH")
+    if path is None:
+        root = os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", "."))
+        path = os.path.join(root, str(project_name), f"{experiment_name}.jsonl")
+    return os.path.abspath(path)
+
+
 def metrics_file(config) -> str | None:
-    """Where verl's ``file`` logger wrote (``verl/utils/tracking.py``: ``VERL_FILE_LOGGER_PATH``, else
-    ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``), or None when ``trainer.logger`` lacks ``file``."""
+    """Where verl's ``file`` logger wrote (:func:`file_logger_path`), or None when ``trainer.logger`` lacks
+    ``file``."""
     loggers = config.trainer.get("logger", [])
     loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
     if "file" not in loggers:
         return None
-    path = os.getenv("VERL_FILE_LOGGER_PATH")
-    if path is None:
-        root = os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", "."))
-        path = os.path.join(root, config.trainer.project_name, f"{config.trainer.experiment_name}.jsonl")
-    return os.path.abspath(path)
+    return file_logger_path(config.trainer.project_name, config.trainer.experiment_name)
+
+
+def earlier_lines(data: bytes, up_to_step: int) -> tuple[list[tuple[int, dict, bytes]], int]:
+    """The lines of a metrics file (verl's ``FileLogger``: one ``{"step": int, "data": {...}}`` JSON object a line)
+    of steps <= ``up_to_step``.
+
+    Returns:
+        ``([(step, data, line bytes without its newline)], dropped)``: the lines kept, in order, and how many were
+        not (of later steps, which the resumed run trains again, or not a whole JSON line: a run killed mid-write).
+    """
+    kept, dropped = [], 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step, values = int(record["step"]), record["data"]
+        except (ValueError, TypeError, KeyError):
+            dropped += 1
+            continue
+        if step <= up_to_step and isinstance(values, dict):
+            kept.append((step, values, line))
+        else:
+            dropped += 1
+    return kept, dropped
+
+
+def keep_earlier_metrics(file_logger, project_name: str, experiment_name: str, resumed_step: int) -> int:
+    """Open verl's metrics file for a run resumed from ``resumed_step``: its lines of steps up to that step kept
+    (rewritten whole, :func:`capo_verl.outputs.write_atomic`, when a line goes), the resumed run's appended.
+
+    Sets what ``verl.utils.tracking.FileLogger.__init__`` sets (``project_name``, ``experiment_name``, ``filepath``,
+    ``fp``, opened unbuffered for appending).
+
+    Returns:
+        The number of earlier steps kept.
+
+    Raises:
+        OSError: the file cannot be read, rewritten or opened (verl's own logger fails there too).
+    """
+    from capo_verl.outputs import write_atomic
+
+    file_logger.project_name, file_logger.experiment_name = project_name, experiment_name
+    path = file_logger_path(project_name, experiment_name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        data = b""
+    kept, dropped = earlier_lines(data, resumed_step)
+    if dropped:
+        write_atomic(path, b"".join(line + b"\n" for _, _, line in kept))
+    elif data and not data.endswith(b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
+    file_logger.filepath = path
+    steps = len({step for step, _, _ in kept})
+    print(
+        f"Creating file logger at {path} (resumed from step {resumed_step}: the lines of {steps} earlier step(s) kept)"
+    )
+    file_logger.fp = open(path, "ab", buffering=0)
+    return steps
+
+
+def earlier_history(config, resumed_step: int) -> list[tuple[int, dict[str, float]]]:
+    """``[(step, numbers)]`` of the steps up to ``resumed_step`` in the run's metrics file (:func:`metrics_file`),
+    for :data:`HISTORY`; empty when the run has no file logger or the file is not there. A file that cannot be read
+    is one warning line (the summary and curves then cover the resumed steps only)."""
+    path = metrics_file(config)
+    if path is None or not os.path.exists(path):
+        return []
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        logger.warning(
+            "capo-verl: %s: the earlier steps' metrics not read (%s); the curves and summary cover the "
+            "resumed steps only",
+            path,
+            exc.strerror or exc,
+        )
+        return []
+    return [(step, _numbers(values)) for step, values, _ in earlier_lines(data, resumed_step)[0]]
 
 
 def write_curves(folder: str | os.PathLike) -> Path:
@@ -156,12 +256,24 @@ def write_curves(folder: str | os.PathLike) -> Path:
     return path
 
 
-def summary(config, elapsed_s: float, steps_done: int, curves: Path | str | None) -> str:
-    """The block (module docstring) for a trainer whose ``fit`` returned after ``elapsed_s`` seconds."""
+def summary(
+    config, elapsed_s: float, steps_done: int, curves: Path | str | None, *, resumed_from: int = 0, curves_problem=None
+) -> str:
+    """The block (module docstring) for a trainer whose ``fit`` returned after ``elapsed_s`` seconds, having trained
+    ``steps_done`` steps, from the checkpoint of step ``resumed_from`` (0: from the model). ``curves``: the curves'
+    path, or None with ``curves_problem``, why they were not written."""
     estimator = str(config.algorithm.adv_estimator)
+    total = config.trainer.total_training_steps or "all"
+    if resumed_from:
+        steps = (
+            f"steps: {resumed_from + steps_done} of {total} ({steps_done} in this run, resumed from the checkpoint of "
+            f"step {resumed_from}) in {elapsed_s:.0f} s"
+        )
+    else:
+        steps = f"steps: {steps_done} of {total} in {elapsed_s:.0f} s"
     lines = [
         "capo-verl: run summary",
-        f"steps: {steps_done} of {config.trainer.total_training_steps or 'all'} in {elapsed_s:.0f} s",
+        steps,
         f"validation accuracy: {_first_last('val-core/')}",
         f"val-calib AUC-mean: {_first_last('val-calib/')}",
     ]
@@ -177,7 +289,9 @@ def summary(config, elapsed_s: float, steps_done: int, curves: Path | str | None
         lines.append("last checkpoint: none written (trainer.save_freq)")
     path = metrics_file(config)
     lines.append(f"metrics file: {path}" if path else "metrics file: none (add file to trainer.logger)")
-    lines.append(f"curves: {curves}" if curves else "curves: not written")
+    lines.append(
+        f"curves: {curves}" if curves else f"curves: not written{f' ({curves_problem})' if curves_problem else ''}"
+    )
     return "\n  ".join(lines)
 
 
@@ -202,9 +316,43 @@ def stop_dataloader_workers(trainer) -> bool:
     return True
 
 
-@patch("verl.utils.tracking", {"Tracking.log": ("self", "data", "step")})
+def _problem(exc: BaseException) -> str:
+    """``exc`` as one short line: ``IsADirectoryError: [Errno 21] Is a directory: '...'``."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
+def finish_outputs(config, elapsed_s: float, resumed_from: int = 0) -> Path | None:
+    """At the end of a run whose ``fit`` returned: :func:`write_curves` into ``trainer.default_local_dir``, then the
+    :func:`summary` printed. Best-effort: a failure of either is one warning line naming what was not written and
+    why, and raises nothing (the run's checkpoints and metrics file are written by then).
+
+    Returns:
+        The curves' path, or None when they were not written.
+    """
+    curves, problem = None, None
+    try:
+        curves = write_curves(config.trainer.default_local_dir)
+    except Exception as exc:  # a folder in the way of curves.png, a full disk, matplotlib: not the run's failure
+        problem = _problem(exc)
+        where = os.path.join(str(config.trainer.get("default_local_dir", ".")), "curves.png")
+        logger.warning("capo-verl: %s not written (%s); the checkpoints and the metrics file are kept", where, problem)
+    steps_done = len({s for s, data in HISTORY if "timing_s/step" in data and s > resumed_from})  # in this run
+    try:
+        block = summary(config, elapsed_s, steps_done, curves, resumed_from=resumed_from, curves_problem=problem)
+    except Exception as exc:
+        logger.warning("capo-verl: the run summary not printed (%s); the run finished", _problem(exc))
+    else:
+        print(block, flush=True)
+    return curves
+
+
+@patch(
+    "verl.utils.tracking",
+    {"Tracking.log": ("self", "data", "step"), "FileLogger.__init__": ("self", "project_name", "experiment_name")},
+)
 def _patch_tracking(tracking) -> None:
-    """``verl/utils/tracking.py``: ``Tracking.log`` also appends ``(step, numbers)`` to :data:`HISTORY`."""
+    """``verl/utils/tracking.py``: ``Tracking.log`` also appends ``(step, numbers)`` to :data:`HISTORY`;
+    ``FileLogger.__init__`` in a resumed run keeps the earlier steps' lines (:func:`keep_earlier_metrics`)."""
     original = tracking.Tracking.log
 
     @functools.wraps(original)
@@ -213,6 +361,15 @@ def _patch_tracking(tracking) -> None:
         return original(self, data, step, *args, **kwargs)
 
     tracking.Tracking.log = log
+    original_init = tracking.FileLogger.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, project_name, experiment_name, *args, **kwargs):
+        if RESUMED["step"] <= 0 or args or kwargs:
+            return original_init(self, project_name, experiment_name, *args, **kwargs)
+        keep_earlier_metrics(self, project_name, experiment_name, RESUMED["step"])
+
+    tracking.FileLogger.__init__ = __init__
 
 
 @patch("verl.trainer.ppo.v1.trainer_base", {"PPOTrainer.fit": ("self", "agent_loop_manager")})
@@ -224,14 +381,15 @@ def _patch_fit(trainer_base) -> None:
     @functools.wraps(original)
     def fit(self, agent_loop_manager, *args, **kwargs):
         t0 = time.monotonic()
+        resumed = getattr(self, "global_steps", 0)  # set by _load_checkpoint before fit
+        RESUMED["step"] = resumed if isinstance(resumed, int) and resumed > 0 else 0
+        if RESUMED["step"]:
+            HISTORY[:0] = earlier_history(self.config, RESUMED["step"])
         try:
             result = original(self, agent_loop_manager, *args, **kwargs)
         finally:
             stop_dataloader_workers(self)
-        elapsed = time.monotonic() - t0
-        curves = write_curves(self.config.trainer.default_local_dir)
-        steps_done = len({step for step, data in HISTORY if "timing_s/step" in data})  # trained in this run
-        print(summary(self.config, elapsed, steps_done, curves), flush=True)
+        finish_outputs(self.config, time.monotonic() - t0, RESUMED["step"])
         return result
 
     trainer_base.PPOTrainer.fit = fit
