@@ -19,13 +19,25 @@ Grading, per response:
 2. Gold and answer are normalised the same way: surrounding ``$``, ``\\%``/``%`` (so ``25\\%`` equals
    ``25``), degree signs, ``\\$``, a ``\\text{...}`` around the whole answer and ``{,}`` / ``1,234``
    thousands separators go.
-3. **A plain-number gold needs a plain-number answer.** When the gold is a plain number (an integer or decimal,
-   with or without a sign, ``$`` or thousands separators: ``17``, ``-3``, ``1,000``, ``18.90``), the answer must
-   be one too, up to a variable and ``=`` before it (``x = 17``) and units after it (``17 apples``,
-   ``17 \\text{ dollars}``). An expression that evaluates to the gold (``12 + 5`` for 17, ``18 \\times 4`` for 72,
-   ``\\frac{34}{2}``) scores 0: a GSM8K-style question contains exactly such an expression, and a grader that
-   evaluates it pays a policy for copying the question instead of solving it (docs/evaluation.md, "The reward").
-   Golds of any other form are graded as below, whatever the answer's form.
+3. **The answer must be a value, not an operation on numbers** (the same rule for every gold and data source).
+   The answer is read past a variable and ``=`` before it (``x = 17``) and units after it (``17 apples``,
+   ``17 \\text{ dollars}``); of a chain of equal numbers (``3 \\times 4 = 12``) the last is the answer. A closed-form
+   number (no variable, no word) must be written as a value (:func:`value_verdict`): an integer, a decimal, a fraction
+   in lowest terms (``\\frac{3}{4}``, ``\\dfrac``, ``\\tfrac``, ``3/4``), a mixed number (``3\\frac{1}{2}``),
+   scientific notation (``4.5 \\times 10^{3}``), with a sign; radicals in simplest form and ``\\pi``
+   (``2\\sqrt{3}``, ``\\frac{1+\\sqrt{5}}{2}``, ``\\frac{3\\pi}{4}``), also beside rational numbers. An operation on
+   numbers left undone scores 0 whatever the gold's form: a sum, difference, product or quotient of two rational
+   numbers (``12 + 5`` for 17, ``18 \\times 4`` for 72, ``34 / 2``), a fraction not in lowest terms
+   (``\\frac{34}{2}``), a radical not in simplest form (``\\sqrt{36}``, ``\\sqrt{12}``), a factorial. A GSM8K-style
+   question contains exactly such an expression, and a grader that evaluates it pays a policy for copying the question
+   instead of solving it (docs/evaluation.md, "The reward"). **Powers:** a power of rational numbers (``2^{10}`` for
+   1024, ``10^{3}`` for 1000) is an operation, unless the answer is written as the gold is (a gold ``2^{10}`` pays the
+   answer ``2^{10}``; this exception holds for any form): where the problem's authors wrote the power as the answer
+   it is the expected final form (a number too long to write out), while for a gold written out as 1024 the power is
+   the computation the question asks for, as ``12 + 5`` is. Tuples, intervals, sets and lists: each closed-form
+   entry must be a value (``(12 + 5, 3)`` scores 0). Without a marker (point 1), the expression math-verify takes
+   from the end of the text is held to the same rule (``12 = 3*4`` states ``3*4``: 0). Expressions with a variable,
+   words and matrices are graded as below.
 4. Matrices (``\\begin{pmatrix}..\\end{pmatrix}``, ``bmatrix``) are compared entry by entry, each entry by the
    rules here, when both sides are one: math-verify parses neither ``-1/3`` nor a spaced ``-2 \\\\ -14`` inside
    them (7 of MATH-500's golds are matrices).
@@ -60,6 +72,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 logger = logging.getLogger("capo_verl.reward")
@@ -72,11 +85,12 @@ __all__ = [
     "extract_answer",
     "grade",
     "is_plain_number",
-    "plain_number_answer",
     "last_boxed",
     "matrix_entries",
     "normalize_answer",
     "reward_procs",
+    "stated_value",
+    "value_verdict",
 ]
 
 #: Seconds one call may wait for math-verify's verdict (parse + verify) before the response scores 0.0.
@@ -189,15 +203,16 @@ def normalize_answer(answer: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------
-# 3. plain-number golds need plain-number answers
+# 3. the answer must be a value, not an operation on numbers
 # --------------------------------------------------------------------------------------------------------
 _PLAIN_NUMBER_RE = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)$")
-_UNIT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+#: units in ``\text{..}`` (or ``\mathrm``, ``\mbox`` ...) anywhere, with an optional power after them (``\text{ cm}^2``)
+_UNIT_WRAP_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?")
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\s*=\s*")
 #: units after a number: a word of two letters or more (not ``pi``); a single letter (``5n``, ``17e``, ``2 i``) is
 #: algebra, not a unit
-_TRAILING_WORDS_RE = re.compile(r"(?<=[\d.])\s*(?!pi\b)[A-Za-z]{2,}[A-Za-z .]*$")
-
+_TRAILING_WORDS_RE = re.compile(r"(?<=[\d.}])\s*(?!pi\b)[A-Za-z]{2,}[A-Za-z .]*(?:\^\s*\{?\d\}?)?$")
+_THOUSANDS_WHOLE_RE = re.compile(r"[+-]?\$?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 _MATRIX_RE = re.compile(r"^\\begin\{([pb]matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
 
@@ -221,20 +236,326 @@ def is_plain_number(normalized: str) -> bool:
     return bool(_PLAIN_NUMBER_RE.match(s))
 
 
-def plain_number_answer(normalized: str) -> str | None:
-    """The plain number a normalised answer states, or None if it states anything else.
+class _Operation(Exception):
+    """Raised by :class:`_ValueParser` at the first operation on numbers left undone."""
 
-    Accepted around the number: a variable and ``=`` before it (``x = 17``), units after it in ``\\text{..}`` (or
-    ``\\mathrm``, ``\\mbox``) or as plain words (``17 apples``), a leading ``$``. Rejected: any arithmetic (``12 + 5``,
-    ``18 \\times 4``, ``\\frac{34}{2}``, ``2^3``), two numbers, no number. Used for golds that are plain numbers
-    (:func:`grade`)."""
-    s = _UNIT_WRAP_RE.sub(" ", normalized).strip()
-    s = _ASSIGNMENT_RE.sub("", s)
-    s = _TRAILING_WORDS_RE.sub("", s).strip()
-    s = s.replace(",", "") if re.fullmatch(r"[+-]?\$?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) else s
-    if not is_plain_number(s):
+
+class _Malformed(Exception):
+    """Raised by :class:`_ValueParser` when the tokens do not form one expression."""
+
+
+_TOKEN_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+|\\[A-Za-z]+|[-+*/^(){}\[\]!])")
+_COMMANDS = {"\\frac", "\\sqrt", "\\pi", "\\infty", "\\times", "\\cdot", "\\div"}
+#: radicands above this are taken to be in simplest form (the square-factor search is trial division)
+_MAX_RADICAND = 10**10
+
+
+class _Val:
+    """A parsed closed-form number: its additive terms, ``{"": rational part, key: coefficient of the irrational
+    factor named key}`` (``3 + 2\\sqrt{2}`` is ``{"": 3, "sqrt2(2)": 2}``), and ``lit``, the literal form when it is
+    one: ``"int"``, ``"dec"``, ``"frac"`` (lowest terms), ``"mixed"``, ``"sci"`` (``4.5 \\times 10^{3}``) or
+    ``"pow10"`` (``10^{3}``, a value only as the scale of scientific notation)."""
+
+    __slots__ = ("lit", "terms")
+
+    def __init__(self, terms: dict[str, Fraction], lit: str | None = None):
+        self.terms, self.lit = terms, lit
+
+    @property
+    def rational(self) -> bool:
+        return set(self.terms) <= {""}
+
+    @property
+    def value(self) -> Fraction:
+        return self.terms.get("", Fraction(0))
+
+    def key(self) -> str:
+        """A name for the whole value as one irrational factor (for products and quotients of sums)."""
+        return "(" + "+".join(f"{c}*{k}" for k, c in sorted(self.terms.items())) + ")"
+
+
+def _has_power_factor(n: int, k: int) -> bool:
+    """Does some m**k > 1 divide the integer n >= 2 (``\\sqrt{12}``: 4 divides 12)? False above _MAX_RADICAND."""
+    if n > _MAX_RADICAND:
+        return False
+    m = 2
+    while m**k <= n:
+        if n % (m**k) == 0:
+            return True
+        m += 1
+    return False
+
+
+def _is_kth_power(n: int, k: int) -> bool:
+    r = round(n ** (1.0 / k))
+    return any((r + d) ** k == n for d in (-1, 0, 1) if r + d >= 0)
+
+
+class _ValueParser:
+    """Recursive descent over the tokens of a closed-form number (digits, ``+ - * / ^ ! ( ) { } [ ]``, ``\\frac``,
+    ``\\sqrt``, ``\\pi``, ``\\infty``, ``\\times``, ``\\cdot``, ``\\div``); raises :class:`_Operation` at the first
+    operation on numbers left undone (:func:`value_verdict`)."""
+
+    def __init__(self, tokens: list[str]):
+        self.toks, self.i = tokens, 0
+
+    def peek(self) -> str | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, expected: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (expected is not None and tok != expected):
+            raise _Malformed
+        self.i += 1
+        return tok
+
+    def parse(self) -> _Val:
+        val = self.expr()
+        if self.peek() is not None:
+            raise _Malformed
+        if val.lit == "pow10":  # 10^{3} on its own: a power of numbers
+            raise _Operation
+        return val
+
+    def expr(self) -> _Val:
+        val = self.unary()
+        while self.peek() in ("+", "-"):
+            sign = -1 if self.take() == "-" else 1
+            val = self.add(val, self.unary(), sign)
+        return val
+
+    @staticmethod
+    def add(a: _Val, b: _Val, sign: int) -> _Val:
+        if set(a.terms) & set(b.terms):  # two rational parts (12 + 5) or like terms (\sqrt2 + \sqrt2)
+            raise _Operation
+        return _Val({**a.terms, **{k: sign * c for k, c in b.terms.items()}})
+
+    def unary(self) -> _Val:
+        if self.peek() in ("+", "-"):
+            sign = -1 if self.take() == "-" else 1
+            if self.peek() in ("+", "-"):  # --3
+                raise _Operation
+            val = self.term()
+            return _Val({k: sign * c for k, c in val.terms.items()}, val.lit)
+        return self.term()
+
+    def term(self) -> _Val:
+        val = self.power()
+        while True:
+            tok = self.peek()
+            if tok in ("*", "\\times", "\\cdot"):
+                self.take()
+                val = self.mul(val, self.power(), explicit=True)
+            elif tok in ("/", "\\div"):
+                self.take()
+                val = self.div(val, self.power(), slash=tok == "/")
+            elif tok is not None and tok not in ("+", "-", ")", "}", "]", "^", "!"):
+                val = self.mul(val, self.power(), explicit=False)
+            else:
+                return val
+
+    @staticmethod
+    def mul(a: _Val, b: _Val, explicit: bool) -> _Val:
+        if a.rational and b.rational:
+            if not explicit and a.lit == "int" and b.lit == "frac" and 0 < b.value < 1:  # mixed number 3\frac{1}{2}
+                return _Val({"": a.value + (b.value if a.value >= 0 else -b.value)}, "mixed")
+            if explicit and a.lit in ("int", "dec") and b.lit == "pow10":  # scientific notation 4.5 \times 10^{3}
+                return _Val({"": a.value * b.value}, "sci")
+            raise _Operation  # 18 \times 4, 2(3)
+        if a.rational or b.rational:
+            c, other = (a.value, b) if a.rational else (b.value, a)
+            if len(other.terms) == 1:
+                return _Val({k: c * v for k, v in other.terms.items()})
+            return _Val({other.key(): c})
+        if len(a.terms) == 1 and len(b.terms) == 1:
+            (ka, ca), (kb, cb) = next(iter(a.terms.items())), next(iter(b.terms.items()))
+            if ka.startswith("sqrt") and kb.startswith("sqrt"):  # \sqrt{2}\sqrt{3}
+                raise _Operation
+            return _Val({"*".join(sorted((ka, kb))): ca * cb})
+        return _Val({a.key() + "*" + b.key(): Fraction(1)})
+
+    @staticmethod
+    def div(a: _Val, b: _Val, slash: bool) -> _Val:
+        if b.rational:
+            if not slash or b.lit != "int" or b.value <= 1:  # \div, a decimal or fraction below, /1, /0, /-2
+                raise _Operation
+            if a.rational:
+                if a.lit != "int" or math.gcd(int(a.value), int(b.value)) != 1:  # \frac{34}{2}, \frac{1.5}{2}
+                    raise _Operation
+                return _Val({"": a.value / b.value}, "frac")
+            coefs = list(a.terms.values())
+            if any(c.denominator != 1 for c in coefs) or math.gcd(*(int(c) for c in coefs), int(b.value)) != 1:
+                raise _Operation  # \frac{2\sqrt{3}}{4}
+            return _Val({k: c / b.value for k, c in a.terms.items()})
+        if a.rational:
+            return _Val({"1/" + b.key(): a.value})  # \frac{1}{\sqrt{2}}
+        return _Val({a.key() + "/" + b.key(): Fraction(1)})
+
+    def power(self) -> _Val:
+        val = self.atom()
+        while self.peek() == "!":  # 5!
+            self.take()
+            raise _Operation
+        if self.peek() != "^":
+            return val
+        self.take()
+        exp = self.atom()
+        if val.rational and exp.rational:
+            if val.lit == "int" and val.value == 10 and exp.lit == "int":
+                return _Val({"": Fraction(10) ** int(exp.value)} if abs(exp.value) < 400 else {"": 0}, "pow10")
+            base, e = val.value, exp.value
+            if e.denominator == 1 or base.denominator != 1 or base < 0 or base > _MAX_RADICAND:
+                raise _Operation  # 2^{10}, \left(\frac{1}{2}\right)^2
+            if _is_kth_power(int(base) ** e.numerator if abs(e.numerator) < 50 else 2, e.denominator):
+                raise _Operation  # 4^{1/2}
+            return _Val({f"{base}^({e})": Fraction(1)})
+        if not val.rational and list(val.terms) == ["pi"] and val.terms["pi"] == 1:
+            return _Val({"pi^" + exp.key(): Fraction(1)})  # \pi^2
+        if val.rational and not exp.rational:
+            return _Val({f"{val.value}^" + exp.key(): Fraction(1)})
+        raise _Operation  # (\sqrt{2})^3
+
+    def group(self) -> _Val:
+        """The argument of ``\\frac`` / ``\\sqrt``: ``{...}`` or one token (``\\frac12``: one digit)."""
+        if self.peek() == "{":
+            return self.atom()
+        tok = self.take()
+        if tok[0].isdigit():
+            self.toks[self.i - 1 : self.i] = list(tok)  # \frac12: the first digit only, the next token the rest
+            return _Val({"": Fraction(int(tok[0]))}, "int")
+        self.i -= 1
+        return self.atom()
+
+    def atom(self) -> _Val:
+        tok = self.take()
+        if tok[0].isdigit() or tok[0] == ".":
+            return _Val({"": Fraction(tok)}, "int" if tok.isdigit() else "dec")
+        if tok in ("(", "{", "["):
+            val = self.expr()
+            self.take({"(": ")", "{": "}", "[": "]"}[tok])
+            return val
+        if tok == "\\pi":
+            return _Val({"pi": Fraction(1)})
+        if tok == "\\infty":
+            return _Val({"inf": Fraction(1)})
+        if tok == "\\frac":
+            num = self.group()
+            return self.div(num, self.group(), slash=True)
+        if tok == "\\sqrt":
+            k = 2
+            if self.peek() == "[":
+                self.take()
+                index = self.expr()
+                self.take("]")
+                if index.lit != "int" or index.value < 2:
+                    raise _Operation
+                k = int(index.value)
+            rad = self.group()
+            if not rad.rational:
+                return _Val({f"sqrt{k}" + rad.key(): Fraction(1)})  # \sqrt{2+\sqrt{3}}
+            if rad.lit != "int" or rad.value < 2 or _has_power_factor(int(rad.value), k):
+                raise _Operation  # \sqrt{36}, \sqrt{12}, \sqrt{\frac{1}{2}}
+            return _Val({f"sqrt{k}({rad.value})": Fraction(1)})
+        raise _Malformed
+
+
+def value_verdict(s: str) -> bool | None:
+    """Is a normalised answer (:func:`normalize_answer`) a closed-form number written as a value?
+
+    Returns:
+        True for a value: an integer, a decimal, a fraction in lowest terms (``\\frac{3}{4}``, ``3/4``), a mixed
+        number (``3\\frac{1}{2}``), scientific notation (``4.5 \\times 10^{3}``), with a sign; radicals in simplest
+        form (``2\\sqrt{3}``, ``\\frac{1+\\sqrt{5}}{2}``, ``\\sqrt[3]{2}``), ``\\pi`` (``\\frac{3\\pi}{4}``,
+        ``\\pi^2``) and ``\\infty``, also combined with rational numbers by ``+ - \\times /``.
+        False for an operation on numbers left undone: a sum, difference, product or quotient of two rational
+        numbers (``12 + 5``, ``18 \\times 4``, ``34 / 2``, ``3 \\div 4``, ``1 + \\sqrt{2} + 2``), a fraction not in
+        lowest terms (``\\frac{34}{2}``, ``\\frac{2\\sqrt{3}}{4}``), a power of rational numbers (``2^{10}``,
+        ``10^{3}``; module docstring, point 3), a factorial, a radical not in simplest form (``\\sqrt{36}``,
+        ``\\sqrt{12}``), like terms (``\\sqrt{2} + \\sqrt{2}``). An operation is found where the parser meets it, so
+        ``(12 + 5`` is one too.
+        None when ``s`` is not a closed-form number: it holds a variable, a word, a comma, ``=``, nothing, or its
+        digits and operators form no expression up to its first operation (``{\\frac{1}{2}``, ``12 +``).
+    """
+    s = s.strip()
+    if s.startswith("$"):
+        s = s[1:]
+    tokens, pos = [], 0
+    while pos < len(s):
+        m = _TOKEN_RE.match(s, pos)
+        if m is None:
+            if s[pos:].strip():
+                return None
+            break
+        tok = m.group(1)
+        if tok.startswith("\\") and tok not in _COMMANDS:
+            return None
+        tokens.append(tok)
+        pos = m.end()
+    if not any(t[0].isdigit() or t[0] == "." or t in ("\\pi", "\\infty") for t in tokens):
         return None
-    return s[1:].strip() if s.startswith("$") else s
+    try:
+        _ValueParser(tokens).parse()
+    except _Operation:
+        return False
+    except (_Malformed, ValueError, ZeroDivisionError, OverflowError):  # not one expression: math-verify reads it
+        return None
+    return True
+
+
+def _split_top_level(s: str) -> list[str]:
+    """``s`` split at the commas outside any bracket."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    return [*parts, s[start:]]
+
+
+def stated_value(normalized: str) -> tuple[str, bool]:
+    """What a normalised answer states, and whether it is stated as a value (module docstring, point 3).
+
+    The number is read past a variable and ``=`` before it (``x = 17``), units after it (``17 apples``,
+    ``17 \\text{ dollars}``, ``15 \\text{ cm}^2``), a leading ``$`` and thousands separators; of a chain of equal
+    numbers (``3 \\times 4 = 12``) the last one is stated. A closed-form number must be a value
+    (:func:`value_verdict`); in a tuple, interval, set or list each closed-form entry must be one; any other answer
+    (an expression with a variable, words) is stated as it is.
+
+    Returns:
+        ``(stated, is_value)``: ``stated`` is the string to grade.
+    """
+    core = _UNIT_WRAP_RE.sub(" ", normalized).strip()
+    core = _ASSIGNMENT_RE.sub("", core)
+    core = _TRAILING_WORDS_RE.sub("", core).strip()
+    core = core.replace(",", "") if _THOUSANDS_WHOLE_RE.fullmatch(core) else core
+    core = core[1:].strip() if core.startswith("$") else core
+    verdict = value_verdict(core)
+    if verdict is not None:
+        return core, verdict
+    sides = [side.strip() for side in core.split("=")]
+    if len(sides) > 1 and all(value_verdict(side) is not None for side in sides):
+        return sides[-1], bool(value_verdict(sides[-1]))
+    inner = normalized.strip()
+    for left, right in (("\\{", "\\}"), ("(", ")"), ("[", "]"), ("(", "]"), ("[", ")")):
+        if inner.startswith(left) and inner.endswith(right):
+            inner = inner[len(left) : len(inner) - len(right)]
+            break
+    if any(value_verdict(entry) is False for entry in _split_top_level(inner)):
+        return normalized, False
+    return normalized, True
+
+
+def _same_writing(a: str, b: str) -> bool:
+    """Equal up to spaces and the braces of a one-digit exponent (``2^{10}`` = ``2^{10}``, ``x^{2}`` = ``x^2``)."""
+
+    def key(s: str) -> str:
+        return re.sub(r"\^\{(\w)\}", r"^\1", re.sub(r"\s+", "", s))
+
+    return key(a) == key(b)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -424,17 +745,11 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
     global _n_timeouts
     check_timeout(timeout_s)
     gold_n = normalize_answer(gold)
-    numeric_gold = is_plain_number(gold_n)
-    if numeric_gold:
+    if is_plain_number(gold_n):
         gold_n = gold_n.lstrip("$").strip()
     if answer is not None:
         answer_n = normalize_answer(answer)
-        if numeric_gold:  # module docstring, point 3: an expression that evaluates to the gold scores 0
-            number = plain_number_answer(answer_n)
-            if number is None:
-                return False, answer_n
-            answer_n = number
-        if answer_n == gold_n:
+        if _same_writing(answer_n, gold_n):  # written as the gold is (a gold 2^{10} pays the answer 2^{10})
             return True, answer_n
         gold_m, answer_m = matrix_entries(gold_n), matrix_entries(answer_n)
         if gold_m is not None and answer_m is not None:  # module docstring, point 4
@@ -442,6 +757,11 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
             return same_shape and all(
                 grade(g, a, "", timeout_s)[0] for gr, ar in zip(gold_m, answer_m) for g, a in zip(gr, ar)
             ), answer_n
+        answer_n, is_value = stated_value(answer_n)
+        if not is_value:  # module docstring, point 3: an operation on numbers scores 0
+            return False, answer_n
+        if _same_writing(answer_n, gold_n):
+            return True, answer_n
         if len(answer_n) > MAX_ANSWER_CHARS or len(gold_n) > MAX_ANSWER_CHARS:
             return False, answer_n[:MAX_ANSWER_CHARS]
         pred_text = "\\boxed{" + answer_n + "}"
@@ -466,9 +786,9 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
         logger.warning("capo_verl.reward: math-verify failed (%s); scoring 0.0", reply["error"])
         return False, answer_n
     shown = answer_n or reply["pred"]
-    if answer is None and numeric_gold:  # the expression math-verify took from the end of the text (point 3)
+    if answer is None and reply["correct"]:  # the expression math-verify took from the end of the text (point 3)
         stated = reply["pred"].rsplit("=", 1)[-1]  # "3 * 4 = 12" states 12
-        if plain_number_answer(normalize_answer(stated)) is None:
+        if not _same_writing(normalize_answer(stated), gold_n) and not stated_value(normalize_answer(stated))[1]:
             return False, shown
     return bool(reply["correct"]), shown
 

@@ -104,7 +104,8 @@ def test_wrong_answers_score_zero():
         ("1234567", "\\boxed{1,234,567}", 1.0),
         ("\\frac{1}{2}", "\\boxed{0.5}", 1.0),
         ("\\frac{3}{4}", "\\boxed{0.75}", 1.0),
-        ("0.75", "\\boxed{\\dfrac{3}{4}}", 0.0),  # a plain-number gold needs a plain-number answer
+        ("0.75", "\\boxed{\\dfrac{3}{4}}", 1.0),  # a fraction in lowest terms is a value, whatever the gold's form
+        ("0.75", "\\boxed{\\frac{6}{8}}", 0.0),  # one not in lowest terms is an operation left undone
         ("\\frac{1}{3}", "\\boxed{0.333333}", 1.0),
         ("\\frac{1}{3}", "\\boxed{0.3}", 0.0),
         ("(1,2)", "\\boxed{(1, 2)}", 1.0),
@@ -247,7 +248,7 @@ def test_reward_procs_default_and_value():
     assert reward.reward_procs({"CAPO_REWARD_PROCS": " 3 "}) == 3
 
 
-# --- a plain-number gold needs a plain-number answer (no pay for copying the question's expression) ----------
+# --- the answer must be a value, not an operation on numbers (no pay for copying the question's expression) ----
 @pytest.mark.parametrize(
     "response,gold",
     [
@@ -263,7 +264,6 @@ def test_reward_procs_default_and_value():
         ("So the total is 12 = 3*4", "12"),  # no marker: math-verify's last expression, 3*4
         ("\\boxed{12 + 5 \\text{ apples}}", "17"),
         ("\\boxed{\\$ 5 \\cdot 3}", "15"),
-        ("\\boxed{-(3)}", "-3"),
         ("\\boxed{5n}", "5"),  # a single letter after a number is algebra, not a unit
         ("\\boxed{3 \\pi}", "3"),
         ("\\boxed{3 pi}", "3"),
@@ -272,8 +272,9 @@ def test_reward_procs_default_and_value():
     ],
 )
 def test_echoed_expression_scores_zero(response, gold):
-    """An expression that evaluates to a plain-number gold is not an answer: a GSM8K one-step question contains
-    exactly that expression, and paying for it paid a policy for copying the question."""
+    """An operation on numbers that evaluates to the gold is not an answer: a GSM8K one-step question contains
+    exactly that expression, and paying for it paid a policy for copying the question. A number followed by one
+    letter is algebra (``5n``, ``17e``, ``2 i``, ``3\\pi``), not the gold."""
     assert compute_score("gsm8k_calc", response, gold)["score"] == 0.0
 
 
@@ -295,6 +296,8 @@ def test_echoed_expression_scores_zero(response, gold):
         ("\\boxed{17.0}", "17"),
         ("\\boxed{0.5}", "0.50"),
         ("\\boxed{25\\%}", "25"),
+        ("\\boxed{-(3)}", "-3"),  # a sign before a bracketed number: no operation left undone
+        ("\\boxed{17 \\frac{1}{2}}", "17.5"),  # a mixed number
     ],
 )
 def test_plain_numeric_answers_still_score_one(response, gold):
@@ -310,17 +313,27 @@ def test_done_when_cases():
     "response,gold",
     [
         ("\\boxed{\\frac{1}{2}}", "0.5 + 0"),
-        ("\\boxed{2 \\cdot 3}", "\\sqrt{36}"),
+        ("\\boxed{6}", "\\sqrt{36}"),
         ("\\boxed{(x+1)^2}", "x^2+2x+1"),
         ("\\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{0.5 + 0}", "0.5 + 0"),  # written as the gold is written
     ],
 )
-def test_expression_golds_are_graded_as_before(response, gold):
-    """Golds that are not plain numbers go to math-verify whatever the answer's form."""
+def test_value_answers_to_golds_of_any_form(response, gold):
+    """A value (or an expression with a variable) goes to math-verify whatever the gold's form."""
     assert compute_score("math", response, gold)["score"] == 1.0
 
 
-def test_plain_number_helpers():
+@pytest.mark.parametrize(
+    "response,gold",
+    [("\\boxed{2 \\cdot 3}", "\\sqrt{36}"), ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}"), ("\\boxed{2^{10}}", "1024")],
+)
+def test_operations_score_zero_whatever_the_gold(response, gold):
+    """The rule is the same for every gold: an operation on numbers is not paid, also where the gold is no integer."""
+    assert compute_score("math", response, gold)["score"] == 0.0
+
+
+def test_value_helpers():
     assert [reward.is_plain_number(s) for s in ("17", "-3", "18.90", ".5", "$17", "12 + 5", "\\frac{1}{2}", "")] == [
         True,
         True,
@@ -331,11 +344,15 @@ def test_plain_number_helpers():
         False,
         False,
     ]
-    assert reward.plain_number_answer("x = 17") == "17"
-    assert reward.plain_number_answer("17 \\text{ dollars}") == "17"
-    assert reward.plain_number_answer("$1,234") == "1234"
-    assert reward.plain_number_answer("12 + 5") is None
-    assert reward.plain_number_answer("17 and 18") is None
+    assert reward.stated_value("x = 17") == ("17", True)
+    assert reward.stated_value("17 \\text{ dollars}") == ("17", True)
+    assert reward.stated_value("$1,234") == ("1234", True)
+    assert reward.stated_value("12 + 5") == ("12 + 5", False)
+    assert reward.stated_value("3 \\times 4 = 12") == ("12", True)
+    assert reward.stated_value("12 = 3 \\times 4") == ("3 \\times 4", False)
+    assert reward.stated_value("(12 + 5, 3)") == ("(12 + 5, 3)", False)
+    assert reward.stated_value("17 and 18") == ("17 and 18", True)  # words: math-verify decides
+    assert [reward.value_verdict(s) for s in ("17", "x + 1", "12 + 5", "12 +", "")] == [True, None, False, None, None]
 
 
 # --- the worker process ---------------------------------------------------------------------------------
