@@ -61,6 +61,8 @@ __all__ = [
     "gsm8k_calc_problems",
     "gsm8k_calc_prompt",
     "write_gsm8k_calc_parquet",
+    "DataFolderError",
+    "gsm8k_calc_main",
     "prepare",
     "build_parser",
     "run",
@@ -365,6 +367,40 @@ def gsm8k_calc_prompt(expression: str) -> str:
     return f"What is {a} {op} {b}? Answer with the number only."
 
 
+class DataFolderError(OSError):
+    """A data folder that cannot be made or written: its message is one line, ``<folder>: cannot ... (<reason>);
+    <fix>``; ``errno`` is the operating system's."""
+
+    def __init__(self, folder: str | os.PathLike, cause: OSError):
+        reason = cause.strerror or str(cause)
+        super().__init__(
+            f"{folder}: the data files cannot be written there ({reason}); choose a folder you can write with a few "
+            "MB free (the CPU launch scripts: CAPO_CPU_DATA_DIR=<folder>; capo-verl compare: --out)"
+        )
+        self.errno = cause.errno
+        self.folder = Path(folder)
+
+
+def gsm8k_calc_main(argv: Sequence[str] | None = None) -> int:
+    """``python -c "...; sys.exit(gsm8k_calc_main(sys.argv[1:]))" <folder>``, as the CPU launch scripts write their
+    data: :func:`write_gsm8k_calc_parquet` into ``<folder>`` with its defaults.
+
+    Returns:
+        0; 1 after a :class:`DataFolderError`, printed as one line on stderr (``capo-verl: error: <folder>: ...``);
+        2 without exactly one folder.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        commands.error("capo-verl", f"expected one data folder, got {len(argv)} arguments")
+        return 2
+    try:
+        write_gsm8k_calc_parquet(argv[0])
+    except DataFolderError as exc:
+        commands.error("capo-verl", exc)
+        return 1
+    return 0
+
+
 def write_gsm8k_calc_parquet(
     out_dir: str | os.PathLike,
     *,
@@ -397,12 +433,17 @@ def write_gsm8k_calc_parquet(
 
     Raises:
         ValueError: more rows asked for than the slice has.
+        DataFolderError: ``out_dir`` cannot be made or written (read-only, under a file, full): one line naming the
+            folder and the fix, not the operating system's traceback.
     """
     from capo_verl.outputs import write_atomic
 
     resources = RESOURCES
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataFolderError(out, exc) from None
     paths = []
     splits = [
         ("train", resources / "train" / "gsm8k_train.jsonl", 0, n_train),
@@ -438,7 +479,10 @@ def write_gsm8k_calc_parquet(
                 }
             )
         path = out / f"gsm8k_calc_{split}.parquet"
-        write_atomic(path, pd.DataFrame(rows).to_parquet(None, index=False))  # a reader sees the old file or the new
+        try:  # a reader sees the old file or the new
+            write_atomic(path, pd.DataFrame(rows).to_parquet(None, index=False))
+        except OSError as exc:
+            raise DataFolderError(out, exc) from None
         paths.append(path)
     return paths[0], paths[1]
 

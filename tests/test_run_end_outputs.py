@@ -1,6 +1,7 @@
 """What a run leaves at its end and on resume (capo_verl/compat/run_summary.py): verl's metrics file keeps the earlier
 steps when a run resumes, the summary and the curves cover every step, and a failure to write the curves or the
-summary is one warning line, never a failed run.
+summary is one warning line, never a failed run. And before a run: the CPU data folder (``CAPO_CPU_DATA_DIR``) that
+cannot be written is one line naming it and the fix (capo_verl/data.py).
 
 Fast: verl's own ``FileLogger`` (patched as in a run) and a stand-in trainer whose ``fit`` is wrapped by the same
 patch as verl's ``PPOTrainer.fit``; the slow check on verl's trainer is in tests/test_stop_resume.py.
@@ -158,3 +159,45 @@ def test_a_summary_that_fails_is_one_warning_and_the_run_still_ends_well(
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "summary" in warning and "KeyError" in warning
     assert (tmp_path / "ckpt" / "curves.png").exists()
+
+
+# --- the CPU data folder -------------------------------------------------------------------------------------------
+def data_command(folder) -> list[str]:
+    """How the CPU launch scripts write their data (one ``python -c``)."""
+    import sys
+
+    code = "import sys; from capo_verl.data import gsm8k_calc_main as m; sys.exit(m(sys.argv[1:]))"
+    return [sys.executable, "-c", code, str(folder)]
+
+
+def test_a_data_folder_under_a_file_is_one_line_naming_it(tmp_path):
+    import subprocess
+
+    (tmp_path / "file").write_text("x")
+    folder = tmp_path / "file" / "cpu"  # cannot be made, as root too (a read-only folder can be, as root)
+    proc = subprocess.run(data_command(folder), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.strip().splitlines()[-1:]
+    assert "Traceback" not in proc.stderr
+    assert str(folder) in line and "CAPO_CPU_DATA_DIR" in line
+    ok = subprocess.run(data_command(tmp_path / "cpu"), capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "cpu" / "gsm8k_calc_train.parquet").exists()
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_half_file(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from capo_verl import data, outputs
+
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(outputs, "write_atomic", full)
+    with pytest.raises(data.DataFolderError) as info:
+        data.write_gsm8k_calc_parquet(tmp_path / "cpu", n_train=4, n_val=2)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value).startswith(f"{tmp_path / 'cpu'}: ") and "No space left" in str(info.value)
+    assert data.gsm8k_calc_main([str(tmp_path / "cpu")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "CAPO_CPU_DATA_DIR" in err
