@@ -14,7 +14,8 @@ record on the ``capo_verl`` logger:
 - with the noise mask on, the model its thresholds were measured on (:func:`thresholds_warning`), logged again as a
   WARNING when it is not the run's reference model;
 - ``val-calib/*`` on or off and why (:func:`capo_verl.compat.validation.val_calib_mode`);
-- the compute dtype of the rollout, the actor and the reference.
+- the dtypes verl uses: the rollout's, and the actor's and the reference model's parameters and compute dtype
+  (:func:`dtype_line`).
 """
 
 from __future__ import annotations
@@ -134,12 +135,49 @@ def _val_calib_line(config) -> str:
     return f"val-calib: when the validation responses carry log-probs ({reason})"
 
 
-def _dtype_line(config) -> str:
-    parts = [f"rollout {_value(config, 'actor_rollout_ref.rollout.dtype')}"]
-    for role in ("actor", "ref"):
-        value = select(config, f"actor_rollout_ref.{role}.fsdp_config.mixed_precision.param_dtype")
-        parts.append(f"{role} params {'bf16 (verl default)' if value in (MISSING, None) else format_value(value)}")
-    return "dtype: " + ", ".join(parts)
+#: the FSDP strategies of verl's engine (``verl/workers/engine/fsdp/transformer_impl.py``), whose dtypes
+#: :func:`dtype_line` reads
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+
+
+def _engine_dtypes(config, role: str) -> str:
+    """The dtypes of ``actor_rollout_ref.<role>``'s FSDP engine as verl 0.9.1 uses them
+    (``verl/workers/engine/fsdp/transformer_impl.py``): ``_build_module`` loads the weights in
+    ``fsdp_config.model_dtype`` (unset: fp32 to train, bf16 when ``forward_only``), ``_build_fsdp_module`` computes in
+    ``fsdp_config.mixed_precision.param_dtype`` (no ``mixed_precision``, or no key in it: bf16; autocast off when it
+    is fp32) and reduces gradients in its ``reduce_dtype`` (default fp32)."""
+    fsdp = f"actor_rollout_ref.{role}.fsdp_config"
+    strategy = select(config, f"actor_rollout_ref.{role}.strategy")
+    if strategy not in FSDP_STRATEGIES:
+        return f"{role}: not read (actor_rollout_ref.{role}.strategy={format_value(strategy)}, not FSDP)"
+    forward_only = select(config, f"{fsdp}.forward_only") is True
+    params = select(config, f"{fsdp}.model_dtype")
+    if params in (MISSING, None):
+        params = f"{'bf16' if forward_only else 'fp32'} (verl's default)"
+    else:
+        params = f"{format_value(params)} (fsdp_config.model_dtype)"
+    mixed = select(config, f"{fsdp}.mixed_precision")
+    mixed = mixed if mixed not in (MISSING, None) and hasattr(mixed, "get") else {}
+
+    def mixed_dtype(key: str, default: str) -> str:
+        value = mixed.get(key)
+        if value is None:
+            return f"{default} (verl's default)"
+        return f"{format_value(value)} (fsdp_config.mixed_precision.{key})"
+
+    line = f"{role} params {params}, compute {mixed_dtype('param_dtype', 'bf16')}"
+    if not forward_only:
+        line += f", gradients reduced in {mixed_dtype('reduce_dtype', 'fp32')}"
+    return line
+
+
+def dtype_line(config, use_reference_policy: bool) -> str:
+    """The dtype line of the block: the rollout's (``actor_rollout_ref.rollout.dtype``), and for the actor and, when
+    the reference pass runs, the reference model, what verl's FSDP engine keeps the parameters in and computes in
+    (:func:`_engine_dtypes`): with the recipes' config, parameters fp32 and compute bf16 for both."""
+    parts = [f"rollout {_value(config, 'actor_rollout_ref.rollout.dtype')}", _engine_dtypes(config, "actor")]
+    parts.append(_engine_dtypes(config, "ref") if use_reference_policy else "ref: no reference pass")
+    return "dtype: " + "; ".join(parts)
 
 
 def start_report(config, use_reference_policy: bool) -> str:
@@ -160,7 +198,7 @@ def start_report(config, use_reference_policy: bool) -> str:
         _reference_line(config, name, use_reference_policy),
         *([f"mask thresholds: {warning}"] if (warning := thresholds_warning(config, name)) else []),
         _val_calib_line(config),
-        _dtype_line(config),
+        dtype_line(config, use_reference_policy),
     ]
     return "\n  ".join(lines)
 
