@@ -122,6 +122,9 @@ def test_model_check(tmp_path):
     with pytest.raises(ValueError, match=r"--model .*\bckpt\b.*\bconfig\.json\b.*--gguf-file"):
         check_model(str(ckpt))
     (ckpt / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"--model .*\bckpt\b.*\bconfig\.json\b.*\bmodel\.safetensors\b"):
+        check_model(str(ckpt))  # config.json without weights (tests/test_eval_checkpoint.py: verl checkpoints)
+    (ckpt / "model.safetensors").write_bytes(b"weights")
     check_model(str(ckpt))  # a checkpoint folder
     with pytest.raises(ValueError, match=r"--gguf-file 'm\.gguf'.*--model\b.*\bckpt$"):
         check_model(str(ckpt), "m.gguf")

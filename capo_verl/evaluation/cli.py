@@ -18,6 +18,7 @@ import dataclasses
 import os
 import re
 import sys
+from pathlib import Path
 
 from capo_verl import commands, outputs
 
@@ -60,8 +61,16 @@ def _generate_parser(sub) -> None:
     m.add_argument(
         "--model",
         required=True,
-        help="HF hub id (owner/name), a local checkpoint folder (with config.json), a .gguf file, or "
-        "`smollm2` (offline SmolLM2-135M-Instruct)",
+        help="HF hub id (owner/name), a local checkpoint folder (with config.json and the weights), a verl "
+        "training checkpoint (global_step_N or its actor folder: merged once with verl's model merger, see "
+        "--merged-dir), a .gguf file, or `smollm2` (offline SmolLM2-135M-Instruct)",
+    )
+    m.add_argument(
+        "--merged-dir",
+        default=None,
+        metavar="DIR",
+        help="where a verl checkpoint --model is merged into a Hugging Face folder (default: "
+        "global_step_N/actor/merged_hf); a complete one there is reused",
     )
     m.add_argument(
         "--gguf-file",
@@ -131,14 +140,21 @@ def _score_parser(sub) -> None:
 def check_model(model: str, gguf_file: str | None = None) -> None:
     """Refuse a ``--model`` that cannot load, before anything is loaded.
 
-    Accepted: a built-in name (:data:`BUILTIN_MODELS`), an existing checkpoint folder (with ``config.json``, or
-    holding ``--gguf-file``), an existing ``.gguf`` file, or a string shaped like a hub id ``owner/name`` that is
-    not a local path (transformers or vLLM then fetch it, or read it from the local Hugging Face cache).
+    Accepted: a built-in name (:data:`BUILTIN_MODELS`), an existing Hugging Face checkpoint folder (``config.json`` and
+    complete weights, as :func:`capo_verl.evaluation.checkpoint.weights_problem` decides, or holding ``--gguf-file``),
+    a verl training checkpoint (:func:`capo_verl.evaluation.checkpoint.find_checkpoint`: ``global_step_N``, its
+    ``actor`` or ``actor/huggingface`` folder), an existing ``.gguf`` file, or a string shaped like a hub id
+    ``owner/name`` that is not a local path (transformers or vLLM then fetch it, or read it from the local Hugging Face
+    cache).
 
     Raises:
-        ValueError: any other ``model``; a folder without ``config.json`` (and no ``--gguf-file``); a file that
-            is not ``.gguf``; ``gguf_file`` missing from the folder, or given with a built-in name.
+        ValueError: any other ``model``; a folder without ``config.json`` (and no ``--gguf-file``); a folder with
+            ``config.json`` but no complete weights that is no verl checkpoint (the message names what is missing);
+            a verl checkpoint missing a file its merger reads; a file that is not ``.gguf``; ``gguf_file`` missing
+            from the folder, or given with a built-in name.
     """
+    from capo_verl.evaluation import checkpoint
+
     builtin = ", ".join(BUILTIN_MODELS)
     if model in BUILTIN_MODELS:
         if gguf_file:
@@ -148,12 +164,28 @@ def check_model(model: str, gguf_file: str | None = None) -> None:
         if gguf_file:
             if not os.path.isfile(os.path.join(model, gguf_file)):
                 raise ValueError(f"--gguf-file {gguf_file!r} is not a file in the --model folder {model}")
-        elif not os.path.isfile(os.path.join(model, "config.json")):
+            return
+        has_config = os.path.isfile(os.path.join(model, "config.json"))
+        if has_config and checkpoint.weights_problem(model) is None:
+            return
+        if checkpoint.find_checkpoint(model) is not None:
+            return
+        if not has_config:
+            steps = sorted(p.name for p in Path(model).glob("global_step_*") if p.is_dir())
+            if steps:
+                raise ValueError(
+                    f"--model {model} is a folder of verl checkpoints ({', '.join(steps[-3:])}); pass one of them, "
+                    f"e.g. --model {os.path.join(model, steps[-1])}"
+                )
             raise ValueError(
                 f"--model {model} is a folder without config.json, not a Hugging Face checkpoint; pass "
                 "the folder that holds config.json and the weights, or name a GGUF in it with --gguf-file"
             )
-        return
+        raise ValueError(
+            f"--model {model} has config.json but {checkpoint.weights_problem(model)}, and it is no verl checkpoint "
+            "(no model_world_size_*_rank_*.pt shards beside huggingface/config.json); pass a folder with the "
+            "weights, or a verl global_step_N folder"
+        )
     if os.path.exists(model):
         if model.endswith(".gguf"):
             return
@@ -186,7 +218,8 @@ def check_generate_args(args) -> None:
     Raises:
         ValueError: an unknown ``--benchmarks`` name (the message lists the known ones), a ``--model`` refused
             by :func:`check_model`, ``--threads`` or ``--chunk`` below 1, a ``--dtype`` that is not a torch
-            dtype, or a ``--device`` other than auto, cpu or cuda.
+            dtype, a ``--device`` other than auto, cpu or cuda, or a ``--merged-dir`` with a ``--model`` that is
+            no verl checkpoint.
     """
 
     from capo_verl import data
@@ -205,10 +238,20 @@ def check_generate_args(args) -> None:
     if args.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"--device {args.device!r}: use auto, cpu or cuda (choose GPUs with CUDA_VISIBLE_DEVICES)")
     check_model(args.model, args.gguf_file)
+    if args.merged_dir is not None:
+        from capo_verl.evaluation import checkpoint
+
+        if checkpoint.find_checkpoint(args.model) is None:
+            raise ValueError(
+                f"--merged-dir applies to a verl checkpoint --model (global_step_N or its actor folder); "
+                f"{args.model} is none: leave --merged-dir out"
+            )
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    """``eval generate``: every input and ``--out`` checked, then vLLM loaded and the responses drawn; returns 0."""
+    """``eval generate``: every input and ``--out`` checked, a verl checkpoint merged (once), then vLLM loaded and the
+    responses drawn; returns 0."""
+    from capo_verl.evaluation import checkpoint
     from capo_verl.evaluation import generate as G
     from capo_verl.evaluation import problems as P
     from capo_verl.evaluation import vllm_backend as V
@@ -228,6 +271,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     # before vLLM loads: an --out this run may not write (the engine's dtype is compared once it is known)
     known = {"model": args.model, **dataclasses.asdict(settings)}
     G.check_out(args.out, args.overwrite, known)
+    ckpt = checkpoint.find_checkpoint(args.model) if os.path.isdir(args.model) and not args.gguf_file else None
+    if ckpt is not None:
+        checkpoint.check_merged_dir(ckpt, args.merged_dir)  # an unusable --merged-dir before anything loads
     device = V.vllm_device(args.device)  # vLLM installed, and its platform agrees with --device
     problems = P.load_problems(args.data, args.benchmarks, args.limit)
     counts: dict[str, int] = {}
@@ -238,18 +284,21 @@ def _run_generate(args: argparse.Namespace) -> int:
         f"k={settings.k}, vLLM on {device}, model {args.model}",
         file=sys.stderr,
     )
+    # a verl checkpoint: merged into a Hugging Face folder (once; a complete merged folder is reused)
+    path = str(checkpoint.merged_model(ckpt, args.merged_dir)) if ckpt is not None else args.model
     with outs.writing():  # a second `eval generate` into this --out is refused while this one runs
-        return _generate_locked(args, settings, device, problems)
+        return _generate_locked(args, settings, device, problems, path)
 
 
-def _generate_locked(args: argparse.Namespace, settings, device: str, problems: list) -> int:
-    """The part of ``eval generate`` that runs holding the lock of ``--out``: vLLM loaded, the responses drawn."""
+def _generate_locked(args: argparse.Namespace, settings, device: str, problems: list, path: str) -> int:
+    """The part of ``eval generate`` that runs holding the lock of ``--out``: vLLM loaded from ``path`` (``--model``,
+    or the folder a verl checkpoint was merged into), the responses drawn."""
     from capo_verl.evaluation import generate as G
     from capo_verl.evaluation import vllm_backend as V
 
     try:  # a hub id that is not cached and cannot be fetched, a checkpoint folder missing its weights ...
         backend = V.VLLMBackend(
-            args.model,
+            path,
             device=device,
             dtype=args.dtype,
             gguf_file=args.gguf_file,
@@ -259,6 +308,7 @@ def _generate_locked(args: argparse.Namespace, settings, device: str, problems: 
         )
     except OSError as e:
         raise ValueError(f"cannot load --model {args.model!r}: {e}") from e
+    backend.model_name = args.model  # the files record --model as given (a resumed run passes the same)
     chunk = args.chunk or (256 if device == "cuda" else max(1, 32 // settings.k))
     summary = G.generate(
         problems,
