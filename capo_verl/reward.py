@@ -35,9 +35,12 @@ Grading, per response:
    answer ``2^{10}``; this exception holds for any form): where the problem's authors wrote the power as the answer
    it is the expected final form (a number too long to write out), while for a gold written out as 1024 the power is
    the computation the question asks for, as ``12 + 5`` is. Tuples, intervals, sets and lists: each closed-form
-   entry must be a value (``(12 + 5, 3)`` scores 0). Without a marker (point 1), the expression math-verify takes
-   from the end of the text is held to the same rule (``12 = 3*4`` states ``3*4``: 0). Expressions with a variable,
-   words and matrices are graded as below.
+   entry must be a value (``(12 + 5, 3)`` scores 0). Where the gold is a closed-form number, so must the answer be:
+   words or a variable in its place score 0 (math-verify would take a number out of a sentence such as ``30. We
+   answer "30" truncating ... to 3 digits`` and pay it for the gold 3; ``5n`` is not 5). Without a marker (point 1),
+   the expression math-verify takes from the end of the text is held to the same rules (``12 = 3*4`` states
+   ``3*4``: 0). Answers with a variable or words for golds that are not closed-form numbers, and matrices, are graded
+   as below.
 4. Matrices (``\\begin{pmatrix}..\\end{pmatrix}``, ``bmatrix``) are compared entry by entry, each entry by the
    rules here, when both sides are one: math-verify parses neither ``-1/3`` nor a spaced ``-2 \\\\ -14`` inside
    them (7 of MATH-500's golds are matrices).
@@ -520,8 +523,8 @@ def stated_value(normalized: str) -> tuple[str, bool]:
     """What a normalised answer states, and whether it is stated as a value (module docstring, point 3).
 
     The number is read past a variable and ``=`` before it (``x = 17``), units after it (``17 apples``,
-    ``17 \\text{ dollars}``, ``15 \\text{ cm}^2``), a leading ``$`` and thousands separators; of a chain of equal
-    numbers (``3 \\times 4 = 12``) the last one is stated. A closed-form number must be a value
+    ``17 \\text{ dollars}``, ``15 \\text{ cm}^2``), a leading ``$``, thousands separators and double quotes around
+    it; of a chain of equal numbers (``3 \\times 4 = 12``) the last one is stated. A closed-form number must be a value
     (:func:`value_verdict`); in a tuple, interval, set or list each closed-form entry must be one; any other answer
     (an expression with a variable, words) is stated as it is.
 
@@ -529,6 +532,7 @@ def stated_value(normalized: str) -> tuple[str, bool]:
         ``(stated, is_value)``: ``stated`` is the string to grade.
     """
     core = _UNIT_WRAP_RE.sub(" ", normalized).strip()
+    core = core[1:-1].strip() if len(core) > 2 and core[0] == core[-1] == '"' else core  # "70"
     core = _ASSIGNMENT_RE.sub("", core)
     core = _TRAILING_WORDS_RE.sub("", core).strip()
     core = core.replace(",", "") if _THOUSANDS_WHOLE_RE.fullmatch(core) else core
@@ -547,6 +551,15 @@ def stated_value(normalized: str) -> tuple[str, bool]:
     if any(value_verdict(entry) is False for entry in _split_top_level(inner)):
         return normalized, False
     return normalized, True
+
+
+def _balanced(s: str) -> str:
+    """``s`` without the unmatched braces at its ends that math-verify's extraction can leave (``{\\frac{1}{2}``)."""
+    while s.startswith("{") and s.count("{") > s.count("}"):
+        s = s[1:].strip()
+    while s.endswith("}") and s.count("}") > s.count("{"):
+        s = s[:-1].strip()
+    return s
 
 
 def _same_writing(a: str, b: str) -> bool:
@@ -747,6 +760,7 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
     gold_n = normalize_answer(gold)
     if is_plain_number(gold_n):
         gold_n = gold_n.lstrip("$").strip()
+    numeric_gold = value_verdict(gold_n) is not None
     if answer is not None:
         answer_n = normalize_answer(answer)
         if _same_writing(answer_n, gold_n):  # written as the gold is (a gold 2^{10} pays the answer 2^{10})
@@ -759,6 +773,8 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
             ), answer_n
         answer_n, is_value = stated_value(answer_n)
         if not is_value:  # module docstring, point 3: an operation on numbers scores 0
+            return False, answer_n
+        if numeric_gold and value_verdict(answer_n) is None:  # point 3: a number's place holds words or a variable
             return False, answer_n
         if _same_writing(answer_n, gold_n):
             return True, answer_n
@@ -787,8 +803,9 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
         return False, answer_n
     shown = answer_n or reply["pred"]
     if answer is None and reply["correct"]:  # the expression math-verify took from the end of the text (point 3)
-        stated = reply["pred"].rsplit("=", 1)[-1]  # "3 * 4 = 12" states 12
-        if not _same_writing(normalize_answer(stated), gold_n) and not stated_value(normalize_answer(stated))[1]:
+        stated = _balanced(normalize_answer(reply["pred"].rsplit("=", 1)[-1]))  # "3 * 4 = 12" states 12
+        stated, is_value = stated_value(stated)
+        if not _same_writing(stated, gold_n) and (not is_value or (numeric_gold and value_verdict(stated) is None)):
             return False, shown
     return bool(reply["correct"]), shown
 

@@ -128,6 +128,13 @@ CASES = [
     Case("\\frac{\\pi}{4}", "\\boxed{\\frac{\\pi}{3}}", 0.0),
     Case("(1,2)", "\\boxed{(2, 1)}", 0.0),
     Case("5", "\\boxed{5n}", 0.0),
+    Case(
+        "3",
+        'The answer is 30. We answer "30" truncating the end to make it only 3 digits',
+        0.0,
+        why="words in a number's place: math-verify takes a number out of the sentence",
+    ),
+    Case("70", 'The answer is "70"', 1.0, why="math-verify does not read a number between double quotes"),
 ]
 
 
