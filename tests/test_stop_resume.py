@@ -144,3 +144,31 @@ def test_from_its_last_checkpoint_verl_validates_only_with_val_only(run_verl, tm
     again.assert_ok()
     assert again.steps == {}  # no step past the last, and no validation
     assert _tracker(ckpt) == 1
+
+
+def test_a_resumed_run_keeps_every_steps_metrics_and_the_same_command_again_is_refused(run_verl, tmp_path):
+    """A 1-step run resumed to 2 steps in the same folder: the metrics file holds steps 1 and 2 (verl's file logger
+    alone would hold step 2 only), the summary counts both, the curves are drawn. Before that, the first command run
+    again (``trainer.resume_mode=disable``) is refused at the start, naming the folder and both choices, and leaves
+    the checkpoint of step 1 as it was."""
+    work = tmp_path / "run"
+    ckpt = work / "ckpt"
+    common = ["algorithm.adv_estimator=grpo", "trainer.save_freq=1", "trainer.test_freq=-1"]
+    first = run_verl(work, [*common, "trainer.total_training_steps=1"])
+    first.assert_ok()
+    assert sorted(first.steps) == [1] and _tracker(ckpt) == 1
+    saved = sorted(p.name for p in (ckpt / "global_step_1").rglob("*"))
+
+    again = run_verl(work, [*common, "trainer.total_training_steps=1"])
+    assert again.rc == 2, again.tail()
+    assert "Traceback" not in again.log, again.tail()
+    [line] = [ln for ln in again.log.splitlines() if f"trainer.default_local_dir={ckpt}" in ln]
+    assert "trainer.resume_mode=auto" in line, line
+    assert sorted(p.name for p in (ckpt / "global_step_1").rglob("*")) == saved
+
+    resumed = run_verl(work, [*common, "trainer.total_training_steps=2", "trainer.resume_mode=auto"])
+    resumed.assert_ok()
+    assert sorted(resumed.steps) == [1, 2], sorted(resumed.steps)
+    assert "timing_s/step" in resumed.steps[1] and "timing_s/step" in resumed.steps[2]
+    assert "steps: 2 of 2 (1 in this run, resumed from the checkpoint of step 1)" in resumed.log, resumed.tail()
+    assert (ckpt / "curves.png").stat().st_size > 0 and _tracker(ckpt) == 2
