@@ -50,8 +50,11 @@ Usage:
     python tests/gpu/actor_update_check.py run --device cuda --inputs DIR --json cuda.json
     python tests/gpu/actor_update_check.py compare cpu.json cuda.json --json compare.json
 
-``--device cpu`` hides CUDA (``CUDA_VISIBLE_DEVICES=""``) before torch is imported, so verl takes capo-verl's CPU
-platform as on a machine without GPU. ``--device cuda`` without CUDA stops at once (exit status 2).
+``--device cpu`` sets ``VERL_PLATFORM=cpu`` and hides CUDA (``CUDA_VISIBLE_DEVICES=""``) before torch and verl are
+imported, so verl takes capo-verl's CPU platform, on a GPU machine too: there hiding CUDA alone is not enough, as
+verl's platform detection (``verl/plugin/platform/platform_manager.py``: ``_detect_platform_name``) asks
+``PlatformCUDA.is_platform_available(use_smi_check=True)``, which answers True wherever ``nvidia-smi`` runs, and only
+``VERL_PLATFORM`` overrides it. ``--device cuda`` without CUDA stops at once (exit status 2).
 """
 
 from __future__ import annotations
@@ -454,8 +457,9 @@ def environment(device: str) -> dict:
 
 
 def run(args) -> int:
-    if args.device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch: verl then takes capo-verl's CPU platform
+    if args.device == "cpu":  # before torch and verl: verl then takes capo-verl's CPU platform (module docstring)
+        os.environ["VERL_PLATFORM"] = "cpu"  # verl's detection picks CUDA wherever nvidia-smi runs, CUDA hidden or not
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # the tiny model: one thread is fastest, and alone on a busy CPU
     import torch
 
