@@ -1,5 +1,6 @@
 """The record of one ``tests/gpu/run_on_device.sh`` run: ``record.json`` from the files the run left in its folder.
 
+    python tests/gpu/device_record.py env OUT_DIR [--repo REPO]     # source_blobs.txt, env.json, env.txt (first)
     python tests/gpu/device_record.py build OUT_DIR [--repo REPO]   # writes OUT_DIR/record.json, prints a summary
     python tests/gpu/device_record.py verify OUT_DIR [--repo REPO]  # the tested files against the recorded commit
 
@@ -7,8 +8,9 @@
 ``$CAPO_VERL_COMMIT``) and the git blob hash of every source file the run read (``source_blobs.txt``: the same
 hashes as ``git ls-tree -r <commit>``, so ``verify`` can tell whether the files that ran are the commit's); the
 machine (``nvidia-smi``, CPU count, memory, Python, torch, CUDA, transformers; ``env.json``); the kit laid
-(``kit.txt``); each stage's exit status and time (``stages.tsv``); every test of the CUDA tier with its outcome and
-time (``pytest_gpu.xml``) and the differences it measured next to their tolerances (the tests'
+(``kit.txt``: the dist-infos laid, or ``none`` with ``KIT=none``); each stage's exit status and time
+(``stages.tsv``); every test of the CUDA tier with its outcome and time (``pytest_gpu.xml``) and the differences it
+measured next to their tolerances (the tests'
 ``record_property("measured:<q>", ...)`` / ``("tolerance:<q>", ...)``); the actor-update comparison
 (``actor_update_compare.json``: each quantity's measured difference and tolerance); the estimator timings
 (``gpu_tier.json``). ``ok`` is true when every stage exited 0.
@@ -128,6 +130,52 @@ def _json(path: Path):
         return None
 
 
+def _run(*cmd: str, timeout: float = 10) -> str:
+    """A command's standard output (stripped), or one line naming why it gave none; never raises."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{cmd[0]}: {type(e).__name__}: {e}"
+
+
+def environment(out_dir: Path, repo: Path) -> dict:
+    """Write ``source_blobs.txt`` (first: what the run reads), ``env.json`` (Python, torch and its CUDA, the GPU,
+    ``nvidia-smi``'s name, driver and memory, CPU count, memory in GiB, the versions of the machine's packages) and
+    ``env.txt`` (the date, ``nvidia-smi``, ``pip list``); returns what ``env.json`` holds. Each external command has
+    a time limit of 10 s (``pip list`` 30 s) and a command that fails is recorded as its error, not raised."""
+    import platform
+    import time
+
+    blobs = source_blobs(repo)
+    (out_dir / "source_blobs.txt").write_text("".join(f"{h}  {p}\n" for p, h in blobs.items()))
+    info: dict = {"python": platform.python_version(), "executable": sys.executable, "cpus": os.cpu_count(),
+                  "uname": platform.platform()}  # fmt: skip
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        info.update(torch=torch.__version__, cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0) if cuda
+                    else None, gpu_count=torch.cuda.device_count() if cuda else 0)  # fmt: skip
+    except Exception as e:  # noqa: BLE001  recorded: the run's CUDA check already needed torch
+        info["torch"] = f"cannot import torch ({type(e).__name__}: {e})"
+    query = ("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    info["nvidia_smi_query"] = _run("nvidia-smi", *query)
+    for name in ("transformers", "numpy", "pandas", "pytest", "safetensors", "tokenizers"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as e:  # noqa: BLE001  recorded as missing
+            info[name] = f"missing ({type(e).__name__})"
+    try:
+        info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    (out_dir / "env.json").write_text(json.dumps(info, indent=1))
+    text = [time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime()), _run("nvidia-smi"),
+            _run(sys.executable, "-m", "pip", "list", timeout=30)]  # fmt: skip
+    (out_dir / "env.txt").write_text("\n".join(text) + "\n")
+    return info
+
+
 def build(out_dir: Path, repo: Path) -> dict:
     stages = read_stages(out_dir / "stages.tsv")
     tests = junit_tests(out_dir / "pytest_gpu.xml")
@@ -143,7 +191,7 @@ def build(out_dir: Path, repo: Path) -> dict:
     record = {
         "source": {**commit_of(repo), "files": len(blobs), "blobs": "source_blobs.txt"},
         "machine": _json(out_dir / "env.json"),
-        "kit": (out_dir / "kit.txt").read_text().split() if (out_dir / "kit.txt").is_file() else None,
+        "kit": (out_dir / "kit.txt").read_text().splitlines() if (out_dir / "kit.txt").is_file() else None,
         "stages": stages,
         "cuda_tier": {
             "counts": counts,
@@ -213,7 +261,7 @@ def verify(out_dir: Path, repo: Path, commit: str | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("build", "verify", "blobs"):
+    for name in ("build", "verify", "blobs", "env"):
         p = sub.add_parser(name)
         p.add_argument("out_dir")
         p.add_argument("--repo", default=str(Path(__file__).resolve().parents[2]))
@@ -221,9 +269,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--commit", default=None)
     args = parser.parse_args(argv)
     out_dir, repo = Path(args.out_dir), Path(args.repo)
-    if args.command == "blobs":  # run_on_device.sh, before anything runs
+    if args.command == "blobs":
         blobs = source_blobs(repo)
         (out_dir / "source_blobs.txt").write_text("".join(f"{h}  {p}\n" for p, h in blobs.items()))
+        return 0
+    if args.command == "env":  # run_on_device.sh, before anything else runs
+        print(json.dumps(environment(out_dir, repo), indent=1))
         return 0
     if args.command == "verify":
         return verify(out_dir, repo, args.commit)
