@@ -1,5 +1,5 @@
-"""A stand-in for Ray on a GPU machine that has no Ray: NOT Ray. ``run_on_device.sh`` copies it to
-``<site>/ray/__init__.py`` of its own target folder; nothing else imports it.
+"""A stand-in for Ray on a GPU machine that has no Ray: NOT Ray. ``lay_kit.sh`` (``run_on_device.sh``'s kit stage)
+copies it to ``<site>/ray/__init__.py`` of its own target folder; nothing else imports it.
 
 verl 0.9.1 imports ``ray`` and ``ray.*`` at module level in the chain of ``verl.trainer.ppo.ray_trainer`` (where
 ``compute_advantage`` lives) and of ``verl.single_controller``: ``@ray.remote`` on classes, ``ray.ObjectRef`` and
