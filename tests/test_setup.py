@@ -32,7 +32,7 @@ def stock_env(
     tmp_path: Path, system: str = "Linux", machine: str = "x86_64", numa: bool = True, **extra: str
 ) -> dict[str, str]:
     """The environment of a machine with a stock pip configuration, on ``system``-``machine`` (a fake ``uname``),
-    with or without libnuma.so.1 (a fake ``ldconfig``)."""
+    with or without libnuma.so.1 (a fake ``ldconfig``), without a GPU (a fake ``nvidia-smi`` that fails)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "TORCH_CPU_INDEX"}
     fake = tmp_path / "fakebin"
     fake.mkdir(exist_ok=True)
@@ -42,6 +42,10 @@ def stock_env(
         "#!/bin/sh\n" + ("" if numa is False else "echo '\tlibnuma.so.1 (libc6) => /lib/libnuma.so.1'\n")
     )
     (fake / "ldconfig").chmod(0o755)
+    # a CPU machine on any host: nvidia-smi fails as without the driver (where it runs, setup refuses to build the
+    # CPU environment without --cpu: tests/test_script_python.py)
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (fake / "nvidia-smi").chmod(0o755)
     env.update(PIP_CONFIG_FILE=os.devnull, PYTHON=sys.executable, PATH=f"{fake}{os.pathsep}{env['PATH']}")
     env.update(extra)
     return env
