@@ -1,4 +1,5 @@
-"""Which patches install where: on a host with an accelerator only the methods' patches, without one the CPU port's too.
+"""Which patches install where: on a host with an accelerator the methods' patches and the attention fallback
+(:mod:`capo_verl.compat.attention`), without one the methods' and the CPU port's.
 
 Each case runs in a fresh interpreter (``compat.install`` runs once per process): torch's ``cuda.is_available`` and
 ``cuda.device_count`` (and ``torch.accelerator``) report the simulated host, and verl's own platforms'
@@ -41,6 +42,12 @@ METHOD_PATCHES = [
     "capo_verl.compat.validation._patch_legacy_trainer",
     "capo_verl.compat.validation._patch_v1_trainer",
 ]
+
+#: Installed wherever the CPU port is not (it has its own): ``sdpa`` where CUDA has no ``flash_attn``.
+ACCELERATOR_PATCHES = ["capo_verl.compat.attention._patch_model_config"]
+
+#: What a host with an accelerator installs (and a CPU-only process that verl does not run on its ``cpu`` platform).
+ACCELERATOR_HOST_PATCHES = sorted(METHOD_PATCHES + ACCELERATOR_PATCHES)
 
 #: The CPU port's, installed only where verl finds no accelerator.
 CPU_PORT_PATCHES = [
@@ -131,7 +138,7 @@ def cpu_host_patches() -> list[str]:
 
 def test_census_on_a_cuda_host_installs_the_method_patches_only():
     seen = census(torch_cuda=True, claimed=("nvidia",))
-    assert sorted(seen["installed"]) == METHOD_PATCHES
+    assert sorted(seen["installed"]) == ACCELERATOR_HOST_PATCHES
     assert not seen["cpu_port_loaded"]
     assert "cpu" not in seen["platforms"] and seen["verl_platform"] == "nvidia"
 
@@ -139,7 +146,7 @@ def test_census_on_a_cuda_host_installs_the_method_patches_only():
 def test_census_in_a_cpu_only_ray_actor_on_a_gpu_node_installs_the_method_patches_only():
     """verl's TaskRunner on a GPU node: Ray hides the GPUs from torch, verl's nvidia check finds nvidia-smi."""
     seen = census(torch_cuda=False, claimed=("nvidia",))
-    assert sorted(seen["installed"]) == METHOD_PATCHES
+    assert sorted(seen["installed"]) == ACCELERATOR_HOST_PATCHES
     assert not seen["cpu_port_loaded"] and seen["verl_platform"] == "nvidia"
 
 
@@ -160,17 +167,17 @@ def test_census_with_verl_platform_cpu_installs_the_cpu_port_on_a_cuda_host(verl
 def test_census_with_verl_platform_nvidia_leaves_the_cpu_port_out_on_a_host_without_one():
     """verl uses the platform ``VERL_PLATFORM`` names, so the CPU port stays out, as its platform would be unused."""
     seen = census(torch_cuda=False, claimed=(), verl_platform="nvidia")
-    assert sorted(seen["installed"]) == METHOD_PATCHES
+    assert sorted(seen["installed"]) == ACCELERATOR_HOST_PATCHES
 
 
 def test_census_lists_name_the_declared_patches_of_each_room():
     from capo_verl import compat
-    from capo_verl.compat import advantage, codapo_sampling, methods, simko, validation  # noqa: F401  declare theirs
+    from capo_verl.compat import advantage, attention, codapo_sampling, methods, simko, validation  # noqa: F401
     from capo_verl.cpu import defaults, platform, quiet, ray_wait, shm, vllm_cpu  # noqa: F401  declare the CPU port's
 
     declared = set(compat.PATCHES) - {"capo_verl.compat._refuse_validate_config"}  # only after a failed install
-    assert set(METHOD_PATCHES) | set(CPU_PORT_PATCHES) | set(VLLM_CPU_PATCHES) == declared
-    assert all(name.startswith("capo_verl.compat.") for name in METHOD_PATCHES)
+    assert set(ACCELERATOR_HOST_PATCHES) | set(CPU_PORT_PATCHES) | set(VLLM_CPU_PATCHES) == declared
+    assert all(name.startswith("capo_verl.compat.") for name in ACCELERATOR_HOST_PATCHES)
     assert all(name.startswith("capo_verl.cpu.") for name in CPU_PORT_PATCHES + VLLM_CPU_PATCHES)
 
 
@@ -193,5 +200,5 @@ def doc_lists() -> dict[str, list[str]]:
 
 def test_census_docs_compat_lists_both_sets():
     lists = doc_lists()
-    assert sorted(lists["On a host with an accelerator"]) == METHOD_PATCHES
+    assert sorted(lists["On a host with an accelerator"]) == ACCELERATOR_HOST_PATCHES
     assert sorted(lists["Where verl finds no accelerator"]) == sorted(CPU_PORT_PATCHES + VLLM_CPU_PATCHES)

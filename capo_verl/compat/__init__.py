@@ -14,6 +14,8 @@ Everything the methods need of verl's private structure lives in this package, o
 - :mod:`.run_summary` - the summary block and the curves PNG at the end of a run.
 - :mod:`.run_checks` - the start checks: verl keys a run needs, read late or silently (called by :mod:`.methods`).
 - :mod:`.host`       - whether this host needs the CPU port (:func:`.host.cpu_port_needed`).
+- :mod:`.attention`  - ``sdpa`` instead of verl's ``flash_attention_2`` default where CUDA has no ``flash_attn``
+  (every host without the CPU port, which does the same on CPU).
 - :mod:`.patching`   - the patch machinery, shared with the CPU port.
 
 :func:`install` is called once per process by the ``verl.plugins`` entry point (:mod:`capo_verl.plugin`),
@@ -102,6 +104,7 @@ def install() -> None:
     (:mod:`.simko`) and the config check in verl's ``validate_config`` (:func:`.methods.hook_validate_config`). The
     CPU port (:func:`capo_verl.cpu.install`) where :func:`.host.cpu_port_needed` says verl will resolve its ``cpu``
     platform: ``VERL_PLATFORM=cpu``, or no accelerator seen by torch nor claimed by a verl platform.
+    Everywhere else, :mod:`.attention`'s patch (``sdpa`` where CUDA has no importable ``flash_attn``).
     :func:`installed_patches` lists what was installed. The estimators are registered by the entry point
     (:func:`.advantage.register_estimators`) in any case.
 
@@ -116,7 +119,7 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, codapo_sampling, host, methods, run_summary, simko, validation
+        from . import advantage, attention, codapo_sampling, host, methods, run_summary, simko, validation
 
         for part in (advantage, codapo_sampling, validation, simko, run_summary):
             part.install()
@@ -125,6 +128,8 @@ def install() -> None:
             import capo_verl.cpu  # the CPU port's one door; only here, so a GPU node never loads it
 
             capo_verl.cpu.install()
+        else:
+            attention.install()
     except Exception as exc:
         patching.INSTALL_ERROR = exc
         logger.error("capo-verl could not install itself into verl: %s", exc, exc_info=True)
