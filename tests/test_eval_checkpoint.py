@@ -224,9 +224,18 @@ def test_what_a_killed_merge_left_is_removed_and_a_complete_merge_reused(tmp_pat
         and runs[-1] == other.parent / f".capo-verl-new.{other.name}"
     )
     assert (other / "model.safetensors").is_file()
+    assert json.loads((other / CK.SOURCE_FILE).read_text())["actor"] == os.path.realpath(actor)
+    assert CK.merged_model(ckpt, other, say=said.append) == other and len(runs) == 2  # reused: it names this actor
+    # that folder given for another step's checkpoint, or a model folder merged by someone else: refused, not loaded
+    later = fake_actor(tmp_path / "later")
+    for given in (other, source):
+        with pytest.raises(ValueError, match=rf"--merged-dir {given} .*\b{CK.SOURCE_FILE}\b"):
+            CK.merged_model(CK.find_checkpoint(later), given, say=said.append)
+    assert len(runs) == 2
     # a run that saved hf_model too: its huggingface/ folder holds the weights and is loaded as it is
     (actor / "huggingface" / "model.safetensors").write_bytes(b"weights")
     assert CK.merged_model(ckpt, say=said.append) == actor / "huggingface" and len(runs) == 2
+    assert any("merging the verl checkpoint" in line and str(staged) in line for line in said), said
 
 
 def test_verl_merges_a_real_checkpoint_once(verl_ckpt, monkeypatch):

@@ -17,7 +17,9 @@ vLLM loads none of the shard files. :func:`merged_model` runs verl's merger,
 when it ends), into a staged sibling that is renamed into place once verl's own check of the output
 (``verl.model_merger.output_validation.validate_hf_model_output``) passes (:class:`capo_verl.outputs.Outputs`: a
 lock, the staging folder ``.capo-verl-new.<name>``, one rename). A failed or interrupted merge leaves no merged
-folder; the next run removes what a killed one left staged. A complete merged folder is reused.
+folder; the next run removes what a killed one left staged. A complete merged folder is reused: inside the actor
+folder (``merged_hf``), or elsewhere (``--merged-dir``) when its ``capo_verl_merged_from.json`` names this actor
+folder, so that one ``--merged-dir`` given for another step is refused rather than loaded.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from capo_verl import commands
 
 __all__ = [
     "MERGED_NAME",
+    "SOURCE_FILE",
     "VerlCheckpoint",
     "find_checkpoint",
     "weights_problem",
@@ -46,6 +49,8 @@ __all__ = [
 
 #: the default merged folder's name, inside ``global_step_N/actor/``
 MERGED_NAME = "merged_hf"
+#: written into a merged folder: ``{"actor": <the checkpoint's actor folder, resolved>}``
+SOURCE_FILE = "capo_verl_merged_from.json"
 _SHARD = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
 
 
@@ -173,7 +178,9 @@ def check_merged_dir(ckpt: VerlCheckpoint, merged_dir: str | os.PathLike | None 
 
     Raises:
         ValueError: the folder exists but is not a complete Hugging Face model (:func:`weights_problem`: not a
-            merge of capo-verl's, which moves a folder in only when complete), or it cannot be created or written
+            merge of capo-verl's, which moves a folder in only when complete); it lies outside the actor folder and
+            its :data:`SOURCE_FILE` does not name this checkpoint (another step's merge, or any other model: loading
+            it would evaluate other weights); or it cannot be created or written
             (:func:`capo_verl.commands.check_out_dir`).
     """
     target = Path(os.path.expanduser(str(merged_dir))) if merged_dir is not None else ckpt.default_merged
@@ -184,6 +191,17 @@ def check_merged_dir(ckpt: VerlCheckpoint, merged_dir: str | os.PathLike | None 
                 f"--merged-dir {target} exists but is not a complete Hugging Face model ({problem}); remove it to "
                 "merge the checkpoint again, or name another --merged-dir"
             )
+        actor = Path(os.path.realpath(ckpt.actor))
+        if actor not in Path(os.path.realpath(target)).parents:
+            try:
+                source = json.loads((target / SOURCE_FILE).read_text())["actor"]
+            except (OSError, ValueError, KeyError, TypeError):
+                source = None
+            if source != str(actor):
+                raise ValueError(
+                    f"--merged-dir {target} holds a model that is not a merge of {ckpt.actor} (its {SOURCE_FILE} "
+                    f"names {source}); name another --merged-dir, or remove it to merge this checkpoint there"
+                )
         return target
     commands.check_out_dir(target.parent, "--merged-dir")
     return target
@@ -198,11 +216,13 @@ def merged_model(
     """A Hugging Face folder that vLLM can load for ``ckpt``: merged once by verl's merger, reused afterwards.
 
     - ``actor/huggingface`` when it holds complete weights (a run that saved ``hf_model``): loaded as it is.
-    - the merged folder (:func:`check_merged_dir`) when it is complete: reused.
+    - the merged folder (:func:`check_merged_dir`) when it is complete and inside the actor folder or a merge of
+      this checkpoint (its :data:`SOURCE_FILE`): reused.
     - else :func:`merge_command` runs (the command printed through ``say``) into the staged sibling
       ``.capo-verl-new.<name>`` under the folder's lock; once it exits 0 and :func:`weights_problem` passes, one
-      rename moves it in. On a failure or Ctrl-C the staged folder is removed; a kill leaves it for the next run
-      to remove; either way no folder appears at the merged path.
+      rename moves it in, with :data:`SOURCE_FILE` naming the actor folder. On a failure or Ctrl-C the staged
+      folder is removed; a kill leaves it for the next run to remove; either way no folder appears at the merged
+      path.
 
     Args:
         ckpt: the checkpoint (:func:`find_checkpoint`).
@@ -237,8 +257,8 @@ def merged_model(
         say(f"eval generate: merging the verl checkpoint {ckpt.actor} into {target}: {shlex.join(cmd)}")
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
-            lines = [line for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
-            last = lines[-1].strip() if lines else "no output"
+            output = (proc.stderr.strip() or proc.stdout.strip()).splitlines()  # a traceback ends stderr
+            last = output[-1].strip() if output else "no output"
             raise commands.RunFailed(
                 f"verl's merger exited with status {proc.returncode} ({last}); {target} was not written; run the "
                 "command printed above to see its whole output"
@@ -248,5 +268,7 @@ def merged_model(
             raise commands.RunFailed(
                 f"verl's merger exited 0 but wrote no complete model ({problem}); {target} was not written"
             )
+        source = {"actor": os.path.realpath(ckpt.actor), "command": shlex.join(cmd)}
+        (folder.stage / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     say(f"eval generate: merged {ckpt.actor} into {target}")
     return target
