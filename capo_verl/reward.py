@@ -21,7 +21,7 @@ Grading, per response:
    thousands separators go.
 3. **The answer must be a value, not an operation on numbers** (the same rule for every gold and data source).
    The answer is read past a variable and ``=`` before it (``x = 17``) and units after it (``17 apples``,
-   ``17 \\text{ dollars}``); of a chain of equal numbers (``3 \\times 4 = 12``) the last is the answer. A closed-form
+   ``17 \\text{ dollars}``). A closed-form
    number (no variable, no word) must be written as a value (:func:`value_verdict`): an integer, a decimal, a fraction
    in lowest terms (``\\frac{3}{4}``, ``\\dfrac``, ``\\tfrac``, ``3/4``), a mixed number (``3\\frac{1}{2}``),
    scientific notation (``4.5 \\times 10^{3}``), with a sign; radicals in simplest form and ``\\pi``
@@ -38,9 +38,9 @@ Grading, per response:
    entry must be a value (``(12 + 5, 3)`` scores 0). Where the gold is a closed-form number, so must the answer be:
    words or a variable in its place score 0 (math-verify would take a number out of a sentence such as ``30. We
    answer "30" truncating ... to 3 digits`` and pay it for the gold 3; ``5n`` is not 5). Without a marker (point 1),
-   the expression math-verify takes from the end of the text is held to the same rules (``12 = 3*4`` states
-   ``3*4``: 0). Answers with a variable or words for golds that are not closed-form numbers, and matrices, are graded
-   as below.
+   the expression math-verify takes from the end of the text, after its last ``=``, is graded again as the answer
+   (``3 * 4 = 12`` states 12: paid; ``12 = 3*4`` states ``3*4``: 0). Answers with a variable or words for golds that
+   are not closed-form numbers, and matrices, are graded as below.
 4. Matrices (``\\begin{pmatrix}..\\end{pmatrix}``, ``bmatrix``) are compared entry by entry, each entry by the
    rules here, when both sides are one: math-verify parses neither ``-1/3`` nor a spaced ``-2 \\\\ -14`` inside
    them (7 of MATH-500's golds are matrices).
@@ -496,6 +496,8 @@ def value_verdict(s: str) -> bool | None:
         pos = m.end()
     if not any(t[0].isdigit() or t[0] == "." or t in ("\\pi", "\\infty") for t in tokens):
         return None
+    if tokens[0] == "(" and tokens[-1] == ")" and "(" not in tokens[1:-1]:  # (17): a one-entry tuple, not a number
+        return None
     try:
         _ValueParser(tokens).parse()
     except _Operation:
@@ -524,7 +526,7 @@ def stated_value(normalized: str) -> tuple[str, bool]:
 
     The number is read past a variable and ``=`` before it (``x = 17``), units after it (``17 apples``,
     ``17 \\text{ dollars}``, ``15 \\text{ cm}^2``), a leading ``$``, thousands separators and double quotes around
-    it; of a chain of equal numbers (``3 \\times 4 = 12``) the last one is stated. A closed-form number must be a value
+    it. A closed-form number must be a value
     (:func:`value_verdict`); in a tuple, interval, set or list each closed-form entry must be one; any other answer
     (an expression with a variable, words) is stated as it is.
 
@@ -540,9 +542,6 @@ def stated_value(normalized: str) -> tuple[str, bool]:
     verdict = value_verdict(core)
     if verdict is not None:
         return core, verdict
-    sides = [side.strip() for side in core.split("=")]
-    if len(sides) > 1 and all(value_verdict(side) is not None for side in sides):
-        return sides[-1], bool(value_verdict(sides[-1]))
     inner = normalized.strip()
     for left, right in (("\\{", "\\}"), ("(", ")"), ("[", "]"), ("(", "]"), ("[", ")")):
         if inner.startswith(left) and inner.endswith(right):
@@ -804,9 +803,7 @@ def grade(gold: str, answer: str | None, solution_str: str, timeout_s: float = D
     shown = answer_n or reply["pred"]
     if answer is None and reply["correct"]:  # the expression math-verify took from the end of the text (point 3)
         stated = _balanced(normalize_answer(reply["pred"].rsplit("=", 1)[-1]))  # "3 * 4 = 12" states 12
-        stated, is_value = stated_value(stated)
-        if not _same_writing(stated, gold_n) and (not is_value or (numeric_gold and value_verdict(stated) is None)):
-            return False, shown
+        return grade(gold, stated, "", timeout_s)  # math-verify's value may not be its string's ("(10)." read as 1)
     return bool(reply["correct"]), shown
 
 

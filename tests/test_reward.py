@@ -348,8 +348,7 @@ def test_value_helpers():
     assert reward.stated_value("17 \\text{ dollars}") == ("17", True)
     assert reward.stated_value("$1,234") == ("1234", True)
     assert reward.stated_value("12 + 5") == ("12 + 5", False)
-    assert reward.stated_value("3 \\times 4 = 12") == ("12", True)
-    assert reward.stated_value("12 = 3 \\times 4") == ("3 \\times 4", False)
+    assert reward.stated_value("(17)") == ("(17)", True)  # not a closed-form number: graded by math-verify
     assert reward.stated_value("(12 + 5, 3)") == ("(12 + 5, 3)", False)
     assert reward.stated_value("17 and 18") == ("17 and 18", True)  # words: math-verify decides
     assert [reward.value_verdict(s) for s in ("17", "x + 1", "12 + 5", "12 +", "")] == [True, None, False, None, None]

@@ -69,7 +69,9 @@ CASES = [
     Case("-3", "#### -3", 1.0),
     Case("1000", "\\boxed{1,000}", 1.0),
     Case("1000", "\\boxed{1 \\times 10^{3}}", 1.0),
-    Case("12", "We get 3 * 4 = 12", 1.0),  # the last of a chain of equal numbers is stated
+    Case("12", "We get 3 * 4 = 12", 1.0),  # no marker: math-verify's last expression, after its last "="
+    Case("12", "\\boxed{3 \\times 4 = 12}", 0.0, why="an equation in the box is not a value; math-verify pays it"),
+    Case("1", "21 - 20 equals 1 Crete (10).", 0.0, why="math-verify reads the text's (10) as 1"),
     Case("17", "\\boxed{\\frac{17}{1}}", 0.0, why=NOT_LOWEST),
     # --- radicals, pi and powers --------------------------------------------------------------------------------
     Case("2\\sqrt{3}", "\\boxed{2 \\sqrt 3}", 1.0),
