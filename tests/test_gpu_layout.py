@@ -51,7 +51,7 @@ def test_the_nearest_layouts_are_the_fix(configs):
     with pytest.raises(ValueError) as info:
         configs.compose("capo_qwen2.5_math_1.5b", ["trainer.n_gpus_per_node=6"], resolve=False)
     message = str(info.value)
-    assert "1024" in message and "6 trainer ranks" in message, message
+    assert "1024" in message and "6 data-parallel trainer ranks" in message, message
     assert message.rsplit("; ", 1)[1].startswith("set trainer.n_gpus_per_node=4 or trainer.n_gpus_per_node=8"), message
     cfg = configs.compose("capo_qwen2.5_math_1.5b", ["trainer.n_gpus_per_node=4"], resolve=False)
     assert cfg.trainer.n_gpus_per_node == 4

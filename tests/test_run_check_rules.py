@@ -102,7 +102,7 @@ def bad_value(check):
 
 
 def test_the_simple_rules_are_the_families():
-    assert {rule.name for rule in SIMPLE} >= {"nnodes", "train_batch_size", "lr", "temperature", "val_before_train"}
+    assert {rule.name for rule in SIMPLE} >= {"nnodes", "train_batch_size", "temperature", "val_before_train"}
     assert all(rule.keys == (rule.check.key,) and not rule.here_only for rule in SIMPLE)
 
 
@@ -148,6 +148,12 @@ OTHER = {
         "actor_rollout_ref.actor.ppo_mini_batch_size=8",
     ),
     "cuda_here": ({"trainer__device": "cuda"}, Context(), "trainer.device=cuda"),
+    "lr": ({"actor_rollout_ref__actor__optim__lr": 0}, Context(), "actor_rollout_ref.actor.optim.lr=0"),
+    "resume_state": (
+        {"trainer__resume_mode": "resume_path", "trainer__resume_from_path": "/tmp/x/global_step_1/"},
+        Context(),
+        "trainer.resume_from_path=/tmp/x/global_step_1/",
+    ),
     "rollout_on_cpu": ({"actor_rollout_ref__rollout__name": "sglang"}, Context(), "actor_rollout_ref.rollout.name="),
     "rollout_installed": (
         {"trainer__device": "cuda", "actor_rollout_ref__rollout__name": "trtllm"},

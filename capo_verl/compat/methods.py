@@ -170,8 +170,9 @@ def check_estimator(config) -> str | None:
 
 def check_group_size(config, name: str | None) -> None:
     """A group estimator (capo-verl's, or one of :data:`VERL_GROUP_ESTIMATORS`) needs ``actor_rollout_ref.rollout.n``
-    >= 2; ValueError saying why, with an ``n`` whose batch sizes split (:func:`~.run_checks.batch_problem`)."""
-    if name not in ESTIMATORS and name not in VERL_GROUP_ESTIMATORS:
+    >= 2 in a run that trains (a ``trainer.val_only`` run computes no advantage); ValueError saying why, with an
+    ``n`` whose batch sizes split (:func:`~.run_checks.batch_problem`)."""
+    if name not in ESTIMATORS and name not in VERL_GROUP_ESTIMATORS or select(config, "trainer.val_only") is True:
         return
     n = select(config, "actor_rollout_ref.rollout.n")
     if n is MISSING or isinstance(n, int) and not isinstance(n, bool) and n >= 2:

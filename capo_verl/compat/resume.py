@@ -57,7 +57,7 @@ def step_folders(folder: str) -> dict[int, str]:
 
 
 def _actor_world_size(config) -> int | None:
-    from capo_verl.compat.run_checks import select
+    from capo_verl.compat.config_keys import select
 
     nnodes, gpus = select(config, "trainer.nnodes"), select(config, "trainer.n_gpus_per_node")
     if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (nnodes, gpus)):
@@ -66,7 +66,7 @@ def _actor_world_size(config) -> int | None:
 
 
 def _load_contents(config) -> list[str]:
-    from capo_verl.compat.run_checks import MISSING, select
+    from capo_verl.compat.config_keys import MISSING, select
 
     contents = select(config, "actor_rollout_ref.actor.checkpoint.load_contents")
     if contents is MISSING or contents is None or isinstance(contents, str):
@@ -118,7 +118,7 @@ def _last_whole(config, folder: str, below: int | None = None) -> str | None:
 def _choices(config, folder: str, below: int | None = None, *, whole: str | None = None) -> str:
     """The fix: resume from the last whole step (when there is one), start from the model in another folder, or
     with ``trainer.resume_mode=disable`` there."""
-    from capo_verl.compat.run_checks import override
+    from capo_verl.compat.config_keys import override
 
     whole = whole if whole is not None else _last_whole(config, folder, below)
     parts = []
@@ -133,7 +133,7 @@ def _choices(config, folder: str, below: int | None = None, *, whole: str | None
 
 
 def _folder(config) -> str | None:
-    from capo_verl.compat.run_checks import select
+    from capo_verl.compat.config_keys import select
 
     folder = select(config, "trainer.default_local_dir")
     if not isinstance(folder, str) or not folder.strip() or "://" in folder:
@@ -142,7 +142,7 @@ def _folder(config) -> str | None:
 
 
 def _disable_refusal(config, folder: str):
-    from capo_verl.compat.run_checks import Refusal, format_value, override
+    from capo_verl.compat.config_keys import Refusal, format_value, override
 
     steps = step_folders(folder)
     tracker = os.path.join(folder, TRACKER)
@@ -161,7 +161,7 @@ def _disable_refusal(config, folder: str):
 
 
 def _auto_refusal(config, folder: str):
-    from capo_verl.compat.run_checks import Refusal, format_value
+    from capo_verl.compat.config_keys import Refusal, format_value
 
     subject = f"trainer.default_local_dir={format_value(folder)} (with trainer.resume_mode=auto)"
     tracker = os.path.join(folder, TRACKER)
@@ -205,7 +205,7 @@ def _auto_refusal(config, folder: str):
 
 
 def _resume_path_refusal(config):
-    from capo_verl.compat.run_checks import Refusal, format_value, select
+    from capo_verl.compat.config_keys import Refusal, format_value, select
 
     path = select(config, "trainer.resume_from_path")
     if not isinstance(path, str):
@@ -242,7 +242,7 @@ def resume_refusal(config, ctx):
         A :class:`capo_verl.compat.run_checks.Refusal` (``subject: problem; fix``, the subject naming the folder or
         ``trainer.resume_from_path``), or None when the folder is fine (a resume is then logged with its step).
     """
-    from capo_verl.compat.run_checks import select
+    from capo_verl.compat.config_keys import select
 
     mode = select(config, "trainer.resume_mode")
     if mode == "resume_path":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import logging
 import math
 import os
@@ -28,9 +29,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from omegaconf.errors import OmegaConfBaseException
-
 from capo_verl.commands import folder_problem
+from capo_verl.compat.config_keys import MISSING, Refusal, format_value, override, select
 from capo_verl.inputs import NotADataFile, check_data_file
 from capo_verl.outputs import SymlinkLoop
 
@@ -62,14 +62,6 @@ __all__ = [
     "verl_top_level_keys",
 ]
 
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-#: :func:`select`'s answer for a key the config does not have.
-MISSING = _Missing()
 
 logger = logging.getLogger("capo_verl")
 
@@ -124,41 +116,6 @@ def earlier_value(key: str) -> str | None:
     return values[0] if len(values) > 1 else None
 
 
-def select(config, key: str):
-    """``config``'s value at the dotted ``key`` (interpolations resolved), or :data:`MISSING`."""
-    node = config
-    for part in key.split("."):
-        if node is None or not hasattr(node, "get"):
-            return MISSING
-        try:
-            if part not in node:
-                return MISSING
-            node = node.get(part)
-        except OmegaConfBaseException as exc:  # a mandatory value left unset (???), an unresolvable interpolation
-            logger.debug("capo-verl start checks: %s not read (%s); verl's own checks name it", key, exc)
-            return MISSING
-    return node
-
-
-def format_value(value) -> str:
-    """``value`` written as on a Hydra command line: ``null``, ``true``, ``[a,b]``, plain numbers and strings."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)) or (hasattr(value, "__iter__") and not isinstance(value, (str, bytes))):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    return str(value)
-
-
-def override(config, key: str, value) -> str:
-    """The Hydra override that sets ``key`` to ``value`` on the command line of ``config``: ``key=value`` when the
-    composed config has the key, ``+key=value`` when it lacks it (then Hydra refuses an override without ``+``,
-    and with it when the key exists: ``Could not append to config``)."""
-    plus = "" if select(config, key) is not MISSING else "+"
-    return f"{plus}{key}={format_value(value)}"
-
-
 def _int_or_none(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -179,6 +136,24 @@ def _for_this_machine(key: str) -> bool:
     return data_files_checked() and (not _EXPECTED["active"] or _overridden(key))
 
 
+def on_ray_cluster(config) -> bool:
+    """Whether the run goes to an existing Ray cluster (``RAY_ADDRESS``, or ``ray_kwargs.ray_init.address``): then
+    the driver's machine says nothing about where the run trains, and a path it cannot see may exist on the
+    workers' shared file system."""
+    address = select(config, "ray_kwargs.ray_init.address")
+    return bool(os.environ.get("RAY_ADDRESS")) or (isinstance(address, str) and bool(address.strip()))
+
+
+def _unseen_on_cluster(config, key: str, path: str) -> bool:
+    """On a Ray cluster, log a warning that the driver cannot see ``path`` (of ``key``) and return True."""
+    if not on_ray_cluster(config):
+        return False
+    logger.warning(
+        "capo-verl: %s=%s is not on this machine; the run goes to a Ray cluster, whose nodes must see it", key, path
+    )
+    return True
+
+
 def _example(key: str, valid, default):
     """The command's earlier value of ``key`` when ``valid`` accepts it, else ``default``: a fix's value."""
     earlier = earlier_value(key)
@@ -191,22 +166,6 @@ def _example(key: str, valid, default):
 
 
 # --- the engine -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Refusal:
-    """A rule's refusal: the parts of its one-line message, ``subject: problem; fix``."""
-
-    #: the key and its value as on the command line (``trainer.total_epochs=0``)
-    subject: str
-    #: what is wrong with it: what is allowed, and what verl would do with it
-    problem: str
-    #: the override(s) to paste (``set ...``), or the sentence of the fix
-    fix: str
-
-    def message(self) -> str:
-        """The one-line message of the ``ValueError``."""
-        return f"{self.subject}: {self.problem}; {self.fix}"
-
-
 class Refused(Exception):
     """Raised by a helper of the rules with its :class:`Refusal`, which :func:`run_rules` raises as the rule's."""
 
@@ -475,7 +434,9 @@ def _walk(node: dict, prefix: str = ""):
 
 
 def _top_level_keys(config, ctx: Context) -> Refusal | None:
-    """A new top-level key that verl does not read, with the key meant when the config has one of that name."""
+    """A new top-level key that names a key the config has deeper (``+adv_estimator=capo`` for
+    ``algorithm.adv_estimator``): nothing reads it where it is. Another new top-level section may be read by the
+    user's own code (a custom reward manager gets the whole config), and is not judged."""
     from omegaconf import DictConfig, OmegaConf
 
     if not isinstance(config, DictConfig):
@@ -507,11 +468,6 @@ def _top_level_keys(config, ctx: Context) -> Refusal | None:
                 if not isinstance(v, dict)
             ]
             return Refusal(key, f"{what}; the key is {meant[0]}", f"set ~{key} {' '.join(sets)}")
-        return Refusal(
-            key,
-            f"{what}; verl's top-level keys are {', '.join(sorted(verl_top_level_keys()))}",
-            f"remove it, set ~{key}",
-        )
     return None
 
 
@@ -549,10 +505,17 @@ def _dataclass_fields(section) -> tuple[str, tuple[str, ...]] | None:
     return (cls.__name__, tuple(f.name for f in dataclasses.fields(cls))) if dataclasses.is_dataclass(cls) else None
 
 
+#: sections verl or the user's code reads with ``.get()`` or passes on whole, which no schema lists: a reward
+#: manager gets the whole ``reward`` section (``config.reward.get("reward_kwargs")``, the ``limited`` manager's
+#: ``reward.timeout``), engines get their ``*_kwargs``, transformers gets ``override_config``
+FREE_FORM = re.compile(r"^reward\.|(^|\.)(\w*kwargs|override_config|custom_cls|custom_reward_function)(\.|$)")
+
+
 def _unread_new_keys(config, ctx: Context) -> Refusal | None:
-    """A key a ``+`` override adds under a section verl builds as a dataclass, that neither the dataclass, verl's own
-    config nor capo-verl has: nothing reads it. Below the first section without a ``_target_`` that verl's config
-    lacks (a free-form dict such as ``engine_kwargs``, or a section verl reads key by key) nothing is checked."""
+    """A key a ``+`` override adds under a section verl builds as a dataclass (its ``_target_``), that neither the
+    dataclass nor verl's config has: building the dataclass fails on it, or drops it, so nothing reads it. Not judged:
+    the free-form sections that verl or the user's code read with ``.get()`` (:data:`FREE_FORM`), and anything below
+    the first section without a ``_target_`` that verl's config lacks (a section of the user's own)."""
     import difflib
 
     owned = {f"algorithm.{section}" for section in ctx.method_sections} | set(CAPO_KEYS)
@@ -561,6 +524,8 @@ def _unread_new_keys(config, ctx: Context) -> Refusal | None:
     for arg in args:
         name, eq, value = arg.partition("=")
         if not eq or not name.startswith("+") or name.startswith("++") or name[1:] in deleted:
+            continue
+        if FREE_FORM.search(name[1:]):
             continue
         parts = name[1:].split(".")
         verl_node = _verl_config_tree().get(parts[0])
@@ -615,7 +580,7 @@ def _cuda_here(config, ctx: Context) -> Refusal | None:
     """``trainer.device=cuda`` on a machine without CUDA: in the trainer's process, or asked for on the command line
     of a ``--dry-run`` (a laptop's dry run of a cluster config is not refused for the laptop)."""
     key = "trainer.device"
-    if select(config, key) != "cuda" or not _for_this_machine(key) or _cuda_available():
+    if select(config, key) != "cuda" or not _for_this_machine(key) or on_ray_cluster(config) or _cuda_available():
         return None
     return Refusal(
         f"{key}=cuda",
@@ -655,7 +620,9 @@ def _rollout_installed(config, ctx: Context) -> Refusal | None:
 
     key = "actor_rollout_ref.rollout.name"
     name = select(config, key)
-    if name not in ROLLOUTS or not _for_this_machine(key) or importlib.util.find_spec(ROLLOUTS[name]) is not None:
+    if name not in ROLLOUTS or not _for_this_machine(key) or on_ray_cluster(config):
+        return None
+    if importlib.util.find_spec(ROLLOUTS[name]) is not None:
         return None
     return Refusal(
         f"{key}={name}",
@@ -754,6 +721,13 @@ def _resume_mode_fix(config) -> str:
     )
 
 
+def _resume_state(config, ctx: Context) -> Refusal | None:
+    """The checkpoint folder against what verl will resume from it (:mod:`capo_verl.compat.resume`)."""
+    from capo_verl.compat.resume import resume_refusal
+
+    return resume_refusal(config, ctx)
+
+
 def _resume_from_path(config, ctx: Context) -> Refusal | None:
     """With ``trainer.resume_mode=resume_path``: ``trainer.resume_from_path`` an existing ``global_step_<N>``
     folder."""
@@ -818,7 +792,7 @@ def _output_folders(config, ctx: Context) -> Refusal | None:
             continue  # hdfs://, s3://: verl's copy functions' to check
         else:
             problem = folder_problem(value)
-        if problem is None:
+        if problem is None or _unseen_on_cluster(config, key, f"{value} ({problem})"):
             continue
         fix = _checkpoint_fix(config) if required else f"{key}=null (not written), or a folder you can write"
         return Refusal(f"{key}={format_value(value)}", f"{problem}; verl writes the run's {what}", f"set {fix}")
@@ -895,6 +869,8 @@ def _model_path(config, ctx: Context) -> Refusal | None:
             problem = "is a file, not a model folder"
         elif _looks_like_hub_id(path):
             return None  # a Hugging Face id: downloaded (or found in the cache) when the workers start
+        elif _unseen_on_cluster(config, key, path):
+            return None
         else:
             problem = "does not exist"
     earlier = earlier_value(key)
@@ -915,11 +891,16 @@ def _model_path(config, ctx: Context) -> Refusal | None:
 
 
 def _paths(value) -> list:
+    """The paths of a data key's value (a path or a list), a local glob pattern expanded as verl's dataset loader
+    (``datasets.load_dataset``) expands it; a pattern that matches nothing is kept as it is."""
     if value is None or value is MISSING:
         return []
-    if isinstance(value, str):
-        return [value]
-    return list(value) if hasattr(value, "__iter__") else [value]
+    raw = [value] if isinstance(value, str) else list(value) if hasattr(value, "__iter__") else [value]
+    paths = []
+    for path in raw:
+        is_pattern = isinstance(path, str) and _is_local(path) and glob.has_magic(path)
+        paths += (sorted(glob.glob(os.path.expanduser(path))) or [path]) if is_pattern else [path]
+    return paths
 
 
 def _is_local(path) -> bool:
@@ -946,11 +927,12 @@ def _data_files(config, ctx: Context) -> Refusal | None:
                 )
             if not _is_local(path) or os.path.abspath(path) in files:
                 continue
-            if os.path.exists(path):
+            if os.path.exists(path) or _unseen_on_cluster(config, key, path):
                 continue
             return Refusal(
                 f"{key}={format_value(value)}",
-                f"no file {path}; it must name existing parquet files (capo-verl prepare-data writes the paper's)",
+                f"{'no file matches' if glob.has_magic(path) else 'no file'} {path}; it must name existing parquet "
+                "files (capo-verl prepare-data writes the paper's)",
                 fix,
             )
     return None
@@ -1315,6 +1297,8 @@ def _data_sets(config, ctx: Context) -> Refusal | None:
             return Refusal(subject, "names no data file", _data_fix(key))
         if not all(_is_local(p) for p in paths) or any(os.path.abspath(p) in expected_files() for p in paths):
             continue  # remote files (verl's copy_to_local), or files the launch script writes before a real run
+        if not all(os.path.exists(p) for p in paths):
+            continue  # on a Ray cluster, files only its nodes see (data_files refuses them elsewhere)
         for path in paths:
             problem = _parquet_schema_problem(path, prompt_key)
             if problem and prompt_key != "prompt" and _parquet_schema_problem(path, "prompt") is None:
@@ -1381,6 +1365,8 @@ def _batch_divisibility(config, ctx: Context) -> Refusal | None:
     rollout.n / dp`` responses per update, which must split into ``actor.ppo_micro_batch_size_per_gpu``; ``dp`` is
     the number of trainer ranks (``trainer.nnodes * trainer.n_gpus_per_node``) over
     ``actor.ulysses_sequence_parallel_size``."""
+    if select(config, "trainer.val_only") is True:
+        return None  # a validation-only run computes no log-prob and no update
     issue = _batch_issue(config, None, None)
     return None if issue is None else issue[0]
 
@@ -1461,6 +1447,19 @@ def _needs_reference(config) -> bool:
 
 
 # --- the rules --------------------------------------------------------------------------------------------------
+_LR = PositiveNumber(
+    "actor_rollout_ref.actor.optim.lr",
+    "the actor's peak learning rate; with 0 nothing is trained, a negative one climbs the loss",
+    1e-6,
+)
+
+
+def _lr(config, ctx: Context) -> Refusal | None:
+    """The actor's learning rate, in a run that trains: a validation-only run (``trainer.val_only``) trains
+    nothing, and any rate is fine there."""
+    return None if select(config, "trainer.val_only") is True else _LR(config, ctx)
+
+
 _MODEL = "actor_rollout_ref.model"
 _ACTOR = "actor_rollout_ref.actor"
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -1472,20 +1471,40 @@ _INT_WHY = "a traceback (`ZeroDivisionError`) or a verl assert without a fix"
 REPLICA_KEYS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
 
 
-def layout_problem(nnodes: int, gpus: int, replica: int, responses: int, mini_responses: int) -> str | None:
+def layout_problem(
+    nnodes: int, gpus: int, replica: int, responses: int, mini_responses: int, model_parallel: int = 1
+) -> str | None:
     """Why ``nnodes`` x ``gpus`` trainer ranks cannot hold verl's work, or None: vLLM replicas of ``replica`` GPUs
     tile each node, or span whole nodes (``verl/workers/rollout/replica.py`` asserts it when the workers start), and
-    the ``responses`` of a step and the ``mini_responses`` of an update split evenly over the ranks (verl pads the
-    rest with dummy responses under dynamic batch sizes, and asserts without them)."""
+    the ``responses`` of a step and the ``mini_responses`` of an update split evenly over the data-parallel ranks,
+    the ranks over ``model_parallel`` (verl pads the rest with dummy responses under dynamic batch sizes, and asserts
+    without them)."""
     world = nnodes * gpus
     if replica <= gpus and gpus % replica:
         return f"a vLLM replica of {replica} GPUs does not tile a node of {gpus}"
     if replica > gpus and (replica % gpus or world % replica):
         return f"vLLM replicas of {replica} GPUs do not fill {nnodes} node(s) of {gpus} GPUs"
+    if world % model_parallel:
+        return None  # verl's validate_config refuses it, naming the parallel sizes
+    dp = world // model_parallel
     for what, n in (("the responses of a step", responses), ("the responses of an update", mini_responses)):
-        if n % world:
-            return f"{what} ({n}) do not split over {world} trainer ranks, so verl would pad them with dummy ones"
+        if n % dp:
+            return f"{what} ({n}) do not split over {dp} data-parallel trainer ranks, so verl would pad them"
     return None
+
+
+def model_parallel_size(config) -> int | None:
+    """The trainer ranks of one data-parallel rank, as verl divides them (``verl/utils/config.py``,
+    ``validate_config``'s ``megatron_dp``; ``verl/workers/engine/fsdp``: Ulysses): Megatron's tensor x pipeline x
+    context parallel sizes, FSDP's ``ulysses_sequence_parallel_size``; None where a size is not an integer >= 1."""
+    actor = "actor_rollout_ref.actor"
+    if select(config, f"{actor}.strategy") == "megatron":
+        keys = [f"{actor}.megatron.{k}_parallel_size" for k in ("tensor_model", "pipeline_model", "context")]
+    else:
+        keys = [f"{actor}.ulysses_sequence_parallel_size"]
+    sizes = [select(config, k) for k in keys]
+    sizes = [1 if v is MISSING or v is None else _int_or_none(v) for v in sizes]
+    return None if any(v is None or v < 1 for v in sizes) else math.prod(sizes)
 
 
 def _gpu_layout(config, ctx: Context) -> Refusal | None:
@@ -1500,23 +1519,26 @@ def _gpu_layout(config, ctx: Context) -> Refusal | None:
             *(f"actor_rollout_ref.rollout.{k}" for k in REPLICA_KEYS),
         )
     }
-    if any(v is None or v < 1 for v in values.values()):
+    mp = model_parallel_size(config)
+    if mp is None or any(v is None or v < 1 for v in values.values()):
         return None  # a missing or bad value: the integer rules name it
     nnodes, gpus, batch, mini, n = list(values.values())[:5]
     replica = math.prod(list(values.values())[5:])
-    problem = layout_problem(nnodes, gpus, replica, batch * n, mini * n)
+    problem = layout_problem(nnodes, gpus, replica, batch * n, mini * n, mp)
     if problem is None:
         return None
     near = [
-        g for g in range(1, 4 * max(gpus, 8) + 1) if layout_problem(nnodes, g, replica, batch * n, mini * n) is None
+        g
+        for g in range(1, 4 * max(gpus, 8) + 1)
+        if (nnodes * g) % mp == 0 and layout_problem(nnodes, g, replica, batch * n, mini * n, mp) is None
     ]
     near = sorted(near, key=lambda g: (abs(g - gpus), g))[:2]
     fix = " or ".join(override(config, "trainer.n_gpus_per_node", g) for g in near)
     replica_keys = " x ".join(f"rollout.{k}" for k in REPLICA_KEYS)
     return Refusal(
         f"trainer.n_gpus_per_node={gpus} (trainer.nnodes={nnodes})",
-        f"{problem} ({replica_keys} = {replica}; data.train_batch_size={batch} and "
-        f"actor.ppo_mini_batch_size={mini} x rollout.n={n}), and verl would fail or pad only after the workers "
+        f"{problem} ({replica_keys} = {replica}; {mp} rank(s) per data-parallel rank; data.train_batch_size={batch} "
+        f"and actor.ppo_mini_batch_size={mini} x rollout.n={n}), and verl would fail or pad only after the workers "
         "started",
         f"set {fix} (N_GPUS_PER_NODE with the launch scripts)" if near else "change the batch sizes",
     )
@@ -1527,8 +1549,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "top_level_keys",
         (),
-        "a top-level key verl's config does not have, unless the config reads it through an interpolation; the "
-        "message names the key meant (`algorithm.adv_estimator`) and the overrides that move the value there",
+        "a top-level key verl's config does not have that names a key the config has deeper, unless the config reads "
+        "it through an interpolation; the message names the key meant (`algorithm.adv_estimator`) and the overrides "
+        "that move the value there (another new section may be read by the user's own reward manager)",
         "nothing reads it: with the GRPO config, `+adv_estimator=capo` trained GRPO",
         _top_level_keys,
         checked="new top-level keys (e.g. `+adv_estimator=capo`, Hydra's own hint for `adv_estimator=capo`)",
@@ -1538,7 +1561,8 @@ RULES: tuple[Rule, ...] = (
         (),
         "a key added with `+` under a section verl builds as a dataclass (its `_target_`) that neither the "
         "dataclass, verl's config nor capo-verl has (e.g. `+actor_rollout_ref.ref.enable=false`); the message names "
-        "the key meant when one is close",
+        "the key meant when one is close. Not judged: `reward.*`, `*kwargs`, `override_config`, a custom dataset's "
+        "or reward function's section, which verl or the user's code read with `.get()`",
         "nothing reads it, and the run goes on as if it were not typed",
         _unread_new_keys,
         here_only=True,
@@ -1596,14 +1620,12 @@ RULES: tuple[Rule, ...] = (
         IntAtLeast("data.max_response_length", 1, "tokens generated per response", 512),
         f"{_INT_WHY}; 0 response tokens trains nothing",
     ),
-    _simple(
+    Rule(
         "lr",
-        PositiveNumber(
-            f"{_ACTOR}.optim.lr",
-            "the actor's peak learning rate; with 0 nothing is trained, a negative one climbs the loss",
-            1e-6,
-        ),
+        (f"{_ACTOR}.optim.lr", "trainer.val_only"),
+        "not a finite number > 0, in a run that trains (not `trainer.val_only=true`)",
         "a negative rate climbs the loss, 0 trains nothing",
+        _lr,
     ),
     _simple(
         "val_before_train",
@@ -1696,6 +1718,14 @@ RULES: tuple[Rule, ...] = (
         "with `trainer.resume_mode=resume_path`, not an existing `global_step_<N>` folder",
         "verl fails later, after the model loaded",
         _resume_from_path,
+    ),
+    Rule(
+        "resume_state",
+        ("trainer.resume_mode", "trainer.resume_from_path", "trainer.default_local_dir"),
+        "a checkpoint folder verl would resume from wrongly (see `capo_verl/compat/resume.py`)",
+        "verl resumes silently from something else, or fails after the model loaded",
+        _resume_state,
+        here_only=True,
     ),
     Rule(
         "output_folders",
@@ -1793,8 +1823,9 @@ RULES: tuple[Rule, ...] = (
         ),
         "vLLM replicas (`rollout.tensor_model_parallel_size` x `data_parallel_size` x `pipeline_model_parallel_size` "
         "GPUs) that do not tile a node or fill whole nodes; the responses of a step (`train_batch_size` x "
-        "`rollout.n`) or of an update (`ppo_mini_batch_size` x `rollout.n`) that do not split over `nnodes` x "
-        "`n_gpus_per_node` trainer ranks; the fix is the nearest `n_gpus_per_node` that works",
+        "`rollout.n`) or of an update (`ppo_mini_batch_size` x `rollout.n`) that do not split over the data-parallel "
+        "ranks (`nnodes` x `n_gpus_per_node` over Megatron's TP x PP x CP, or FSDP's Ulysses SP, as verl divides "
+        "them); the fix is the nearest `n_gpus_per_node` that works",
         "verl asserts the replica layout only when its workers start; with dynamic batch sizes it pads the responses "
         "with dummy ones (the 1.5B recipe on 6 GPUs padded 1,024 responses a step to 1,536), without them it asserts",
         _gpu_layout,
