@@ -68,6 +68,8 @@ PATCHED_MODULES = {
     "capo_verl.compat.simko._patch_policy_loss_config": "verl.workers.config",
     "capo_verl.compat.simko._patch_ppo_loss": "verl.workers.utils.losses",
     "capo_verl.compat.simko._register_loss": "verl.trainer.ppo.core_algos",
+    "capo_verl.compat.attention._patch_model_config": "verl.workers.config.model",
+    "capo_verl.compat.ray_wait._watch_run_ppo": "verl.trainer.main_ppo",
     "capo_verl.compat.validation._patch_agent_loop": "verl.experimental.agent_loop.agent_loop",
     "capo_verl.compat.validation._patch_legacy_trainer": "verl.trainer.ppo.ray_trainer",
     "capo_verl.compat.validation._patch_v1_trainer": "verl.trainer.ppo.v1.trainer_base",
@@ -78,7 +80,6 @@ PATCHED_MODULES = {
     "capo_verl.cpu.platform._register_platform": "verl.plugin.platform",
     "capo_verl.cpu.defaults._patch_validate_config": "verl.utils.config",
     "capo_verl.cpu.quiet._skip_numa_affinity": "verl.utils.distributed",
-    "capo_verl.cpu.ray_wait._watch_run_ppo": "verl.trainer.main_ppo",
     "capo_verl.cpu.shm._record_loky_semaphores": "joblib.externals.loky.backend.synchronize",
     "capo_verl.cpu.shm._record_shared_memory": "multiprocessing.shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets": "verl.workers.rollout.vllm_rollout.bucketed_weight_transfer",
@@ -91,8 +92,16 @@ PATCHED_MODULES = {
 
 
 def test_every_patch_is_declared_with_the_module_it_changes():
-    from capo_verl.compat import advantage, codapo_sampling, methods, run_summary, simko, validation  # noqa: F401
-    from capo_verl.cpu import defaults, platform, quiet, ray_wait, shm, vllm_cpu  # noqa: F401
+    from capo_verl.compat import (  # noqa: F401
+        advantage,
+        codapo_sampling,
+        methods,
+        ray_wait,
+        run_summary,
+        simko,
+        validation,
+    )
+    from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401
 
     assert {name: patch.module for name, patch in compat.PATCHES.items()} == PATCHED_MODULES
     for patch in compat.PATCHES.values():

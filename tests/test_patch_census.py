@@ -38,6 +38,7 @@ METHOD_PATCHES = [
     "capo_verl.compat.simko._patch_policy_loss_config",
     "capo_verl.compat.simko._patch_ppo_loss",
     "capo_verl.compat.simko._register_loss",
+    "capo_verl.compat.ray_wait._watch_run_ppo",
     "capo_verl.compat.validation._patch_agent_loop",
     "capo_verl.compat.validation._patch_legacy_trainer",
     "capo_verl.compat.validation._patch_v1_trainer",
@@ -58,7 +59,6 @@ CPU_PORT_PATCHES = [
     "capo_verl.cpu.platform._patch_replay_buffer",
     "capo_verl.cpu.platform._register_platform",
     "capo_verl.cpu.quiet._skip_numa_affinity",
-    "capo_verl.cpu.ray_wait._watch_run_ppo",
     "capo_verl.cpu.shm._record_loky_semaphores",
     "capo_verl.cpu.shm._record_shared_memory",
     "capo_verl.cpu.shm._remove_failed_buckets",
@@ -172,8 +172,8 @@ def test_census_with_verl_platform_nvidia_leaves_the_cpu_port_out_on_a_host_with
 
 def test_census_lists_name_the_declared_patches_of_each_room():
     from capo_verl import compat
-    from capo_verl.compat import advantage, attention, codapo_sampling, methods, simko, validation  # noqa: F401
-    from capo_verl.cpu import defaults, platform, quiet, ray_wait, shm, vllm_cpu  # noqa: F401  declare the CPU port's
+    from capo_verl.compat import advantage, attention, codapo_sampling, methods, ray_wait, simko, validation  # noqa: F401
+    from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401  declare the CPU port's
 
     declared = set(compat.PATCHES) - {"capo_verl.compat._refuse_validate_config"}  # only after a failed install
     assert set(ACCELERATOR_HOST_PATCHES) | set(CPU_PORT_PATCHES) | set(VLLM_CPU_PATCHES) == declared

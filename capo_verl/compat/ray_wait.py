@@ -3,9 +3,11 @@
 verl's trainer asks Ray for its workers as actors and placement groups (``verl/single_controller/ray/base.py``:
 ``ray.get([pg.ready() for pg in pgs])``; the TaskRunner, the agent-loop and reward workers). When the local cluster's
 logical resources (``ray_kwargs.ray_init.num_cpus`` / ``num_gpus``) cannot hold them, Ray keeps them pending and
-verl waits without a word. While ``verl.trainer.main_ppo.run_ppo`` runs in the driver, a daemon thread asks Ray's
+verl waits without a word: a local cluster too small, or on a GPU cluster fewer nodes or GPUs than ``trainer.nnodes``
+x ``trainer.n_gpus_per_node`` (``NNODES``, ``N_GPUS_PER_NODE`` with the launch scripts). On every host, while
+``verl.trainer.main_ppo.run_ppo`` runs in the driver, a daemon thread asks Ray's
 control store (``ray._private.state``: no dashboard needed) every :data:`POLL_S` s for actors pending creation and
-placement groups pending; when one has been waiting :data:`REPORT_AFTER_S` s, it logs one line (``capo_verl.cpu``
+placement groups pending; when one has been waiting :data:`REPORT_AFTER_S` s, it logs one line (``capo_verl``
 logger, WARNING) that names them, what the pending placement groups ask for, what the cluster has, and the keys
 that set it; again every :data:`REPORT_AFTER_S` s while they wait. It changes nothing of the run.
 """
@@ -20,7 +22,7 @@ from types import ModuleType
 
 from capo_verl.compat.patching import after_import, patch
 
-logger = logging.getLogger("capo_verl.cpu")
+logger = logging.getLogger("capo_verl")
 
 #: seconds between two looks at Ray's pending work
 POLL_S = 5.0
@@ -28,9 +30,10 @@ POLL_S = 5.0
 REPORT_AFTER_S = 60.0
 
 FIX = (
-    "Ray's logical resources are ray_kwargs.ray_init.num_cpus and num_gpus; verl asks for trainer.nnodes x "
-    "trainer.n_gpus_per_node worker bundles, actor_rollout_ref.rollout.agent.num_workers agent-loop workers and "
-    "reward.num_workers reward workers"
+    "verl asks for trainer.nnodes x trainer.n_gpus_per_node worker bundles (NNODES x N_GPUS_PER_NODE with the launch "
+    "scripts: check them against the nodes and GPUs the cluster has), actor_rollout_ref.rollout.agent.num_workers "
+    "agent-loop workers and reward.num_workers reward workers; a local cluster's logical resources are "
+    "ray_kwargs.ray_init.num_cpus and num_gpus"
 )
 
 
