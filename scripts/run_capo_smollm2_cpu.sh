@@ -90,7 +90,7 @@ if [ "$DRY_RUN" -eq 1 ]; then  # where the checkpoint will be; nothing converted
   MODEL=$("$PY" -c "from capo_verl.cpu.models import cache_dir; print(cache_dir() / 'SmolLM2-135M-Instruct')")
 else
   MODEL=$("$PY" -m capo_verl.cpu.models --quiet)
-  "$PY" -c "import sys; from capo_verl.data import write_gsm8k_calc_parquet as w; w(sys.argv[1])" "$DATA_DIR"
+  "$PY" -c "import sys; from capo_verl.data import gsm8k_calc_main as m; sys.exit(m(sys.argv[1:]))" "$DATA_DIR"
 fi
 
 # torch in Ray workers: use every core (Ray would start them with OMP_NUM_THREADS=1); the trainer, the

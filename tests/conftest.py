@@ -427,7 +427,16 @@ class ConfigHarness:
     #: the variables the paper configs read for paths; a config test sees their defaults (:func:`config_env`)
     path_variables = ("CAPO_DATA_DIR", "CAPO_CKPT_DIR", "CAPO_MODEL_1_5B", "CAPO_MODEL_7B")
     #: what a launch script under test must not inherit from the test's environment
-    script_unset = ("RAY_ADDRESS", "CAPO_VAL_SETS", "N_GPUS_PER_NODE", *path_variables)
+    script_unset = (
+        "RAY_ADDRESS",
+        "CAPO_VAL_SETS",
+        "N_GPUS_PER_NODE",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "WANDB_API_KEY",
+        "WANDB_MODE",
+        *path_variables,
+    )
 
     def compose(self, name: str, overrides=(), *, resolve: bool = True, use_reference_policy: bool | None = None):
         """``configs/<name>.yaml`` with the Hydra ``overrides``, through verl's ``validate_config``.

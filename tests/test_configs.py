@@ -387,7 +387,8 @@ def _fake_repo(tmp_path: Path) -> Path:
 
 
 def test_scripts_use_the_project_venv_without_PYTHON(configs, tmp_path):
-    """After scripts/setup.sh a plain `bash scripts/run_*.sh` runs .venv/bin/python, not the system python3."""
+    """After scripts/setup.sh a plain `bash scripts/run_*.sh` runs .venv/bin/python when no active environment can
+    import verl (here python3 on PATH is a Python without site-packages)."""
     repo = _fake_repo(tmp_path)
     venv_python = repo / ".venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
@@ -395,6 +396,11 @@ def test_scripts_use_the_project_venv_without_PYTHON(configs, tmp_path):
     venv_python.chmod(0o755)
     env = _script_env(configs, tmp_path)
     env.pop("PYTHON")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(
         ["bash", str(repo / "scripts" / "run_codapo_qwen2.5_math_1.5b.sh"), "--dry-run"],
         env=env,
