@@ -136,6 +136,7 @@ EXACT = {
     "capo_verl.reward": "core",
     "capo_verl.compat.run_checks": "start checks",
     "capo_verl.compat.config_keys": "start checks",
+    "capo_verl.compat.preflight": "start checks",
     "capo_verl.compat.resume": "start checks",
     "capo_verl.launch": "cpu port",  # the launcher's former name, an alias of capo_verl.cpu.launch
     "capo_verl.logs": "shared",

@@ -451,7 +451,7 @@ def test_the_folder_check_names_the_reason():
 
 
 def test_rays_folder_must_be_writable(tmp_path):
-    from capo_verl.compat.run_checks import ray_folder_problem
+    from capo_verl.compat.preflight import ray_folder_problem
 
     assert ray_folder_problem({"TMPDIR": str(tmp_path)}) is None
     message = ray_folder_problem({"RAY_TMPDIR": "/proc/ray"})
