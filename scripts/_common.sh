@@ -192,10 +192,17 @@ _capo_python() {
         fi
     fi
     if _capo_cuda_host; then
-        local version="" cuda="" hip=""
-        read -r version cuda hip < <("$python" -c 'import torch; print(torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None))' 2>/dev/null)
+        local version="" cuda="" hip="" seen="" driver=""
+        read -r version cuda hip seen < <("$python" -c 'import torch; print(torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None), torch.cuda.is_available())' 2>/dev/null)
         if [ -n "$version" ] && [ "$cuda" = None ] && [ "$hip" = None ]; then
             echo "error: ${python} (${why}) has torch ${version}, a CPU build (torch.version.cuda is None), and this host has NVIDIA GPUs (nvidia-smi runs): set PYTHON=<the python of your CUDA environment with capo-verl, pip install -e '.[gpu]'> (docs/quickstart.md)" >&2
+            return 2
+        fi
+        # a CUDA build that sees no GPU where nvidia-smi runs (CUDA_VISIBLE_DEVICES not emptied on purpose): a torch
+        # built for a newer CUDA than the driver runs (PyPI's torch 2.11.0 is CUDA 13.0: driver 580 or newer)
+        if [ "$cuda" != None ] && [ "$seen" = False ] && [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ]; then
+            driver="$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n 1 | grep -o '[0-9.]*$')"
+            echo "error: ${python} (${why}) has torch ${version} built for CUDA ${cuda}, and it sees no GPU, while nvidia-smi runs (its driver runs CUDA ${driver:-unknown}): install the torch build for this driver (docs/quickstart.md, '1. Install': CUDA 12 or 13), or update the driver" >&2
             return 2
         fi
     fi

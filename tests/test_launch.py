@@ -142,7 +142,7 @@ def test_a_second_ctrl_c_kills_the_run_at_once(start):
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 15.0  # far inside the 60 s grace period it cut short (5.3 s seen on a busy CPU)
     assert not _alive(orphan) and not os.path.exists(segment)
 
 

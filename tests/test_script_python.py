@@ -25,7 +25,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "run_capo_qwen2.5_math_1.5b.sh"
 CPU_TORCH = "2.13.0+cpu None None"
-CUDA_TORCH = "2.11.0+cu128 12.8 None"
+CUDA_TORCH = "2.11.0+cu128 12.8 None True"
+#: PyPI's CUDA 13.0 build on a CUDA 12 driver: torch sees no GPU
+CUDA13_TORCH_NO_GPU = "2.11.0 13.0 None False"
 
 SMI_OK = """#!/bin/sh
 cat <<'EOF'
@@ -137,6 +139,17 @@ def test_a_cpu_torch_on_a_host_with_nvidia_gpus_is_one_line_naming_python_torch_
     assert line.startswith("error: ") and str(checkout / ".venv/bin/python") in line, line
     assert "2.13.0+cpu" in line and "PYTHON=" in line, line
     assert proc.stdout == ""
+
+
+def test_a_cuda_torch_that_sees_no_gpu_where_nvidia_smi_runs_names_both_cuda_versions(checkout, tmp_path):
+    """PyPI's torch 2.11.0 (CUDA 13.0) on a CUDA 12 driver: nvidia-smi runs, torch sees nothing, and verl would fail
+    on its first CUDA call."""
+    python = fake_python(tmp_path / "env/bin/python", torch=CUDA13_TORCH_NO_GPU)
+    proc = dry_run(checkout, env_for(tmp_path, smi=SMI_OK, VIRTUAL_ENV=str(python.parent.parent)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and str(python) in line, line
+    assert "13.0" in line and "12.8" in line and "docs/quickstart.md" in line, line
 
 
 @pytest.mark.parametrize(
