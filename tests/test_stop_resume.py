@@ -160,9 +160,9 @@ def test_a_resumed_run_keeps_every_steps_metrics_and_the_same_command_again_is_r
     saved = sorted(p.name for p in (ckpt / "global_step_1").rglob("*"))
 
     again = run_verl(work, [*common, "trainer.total_training_steps=1"])
-    assert again.rc == 2, again.tail()
-    assert "Traceback" not in again.log, again.tail()
-    [line] = [ln for ln in again.log.splitlines() if f"trainer.default_local_dir={ckpt}" in ln]
+    assert again.rc != 0, again.tail()  # verl's main_ppo, which prints Hydra's report of its validate_config error
+    subject = f"trainer.default_local_dir={ckpt} (with trainer.resume_mode=disable)"
+    [line] = [ln for ln in again.log.splitlines() if subject in ln]
     assert "trainer.resume_mode=auto" in line, line
     assert sorted(p.name for p in (ckpt / "global_step_1").rglob("*")) == saved
 
