@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from capo_verl.cpu import shm
 
@@ -131,3 +134,75 @@ def test_a_loky_semaphore_still_mapped_is_left(tmp_path):
         proc.communicate("", timeout=30)
         if os.path.exists(path):
             os.unlink(path)
+
+
+#: a process outside any run that checks a run's config, as a launch script's ``--dry-run`` does: it owns a run
+#: (``_own_run_at_exit``), and the checks note the checkpoint folder beside its ledger; prints the note's path
+NOTE_A_CHECKPOINT_FOLDER = """
+import os
+from omegaconf import OmegaConf
+from capo_verl.cpu import shm
+from capo_verl.cpu.defaults import record_checkpoint_folder
+shm._own_run_at_exit()
+record_checkpoint_folder(OmegaConf.create({"trainer": {"default_local_dir": "/somewhere/ckpt"}}))
+note = shm.checkpoint_note(os.environ[shm.RUN_ENV])
+assert open(note).read() == "/somewhere/ckpt"
+print(note, flush=True)
+"""
+
+
+def test_a_process_that_owned_its_run_leaves_no_checkpoint_note(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in (shm.RUN_ENV, "RAY_RAYLET_PID")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", NOTE_A_CHECKPOINT_FOLDER], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().startswith(str(tmp_path / "capo-verl-run-"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_leftovers_of_dead_runs_are_removed_and_live_runs_are_left_alone(tmp_path):
+    """A run whose owner was SIGKILLed leaves its ledger, its note and its segments (vLLM's ring buffers): the next
+    run's owner removes them. A ledger whose owner lives, or that a live process still carries (the owner died,
+    one of its workers did not), is not touched."""
+    from multiprocessing import shared_memory
+
+    def segment() -> str:
+        seg = shared_memory.SharedMemory(create=True, size=64)
+        seg.close()  # not unlinked, as by a killed process
+        return os.path.join(shm.SHM_DIR, seg.name)
+
+    dead, live, orphaned = (
+        tmp_path / f"capo-verl-run-{pid}-0123abcd.shm" for pid in (_dead_pid(), os.getpid(), _dead_pid())
+    )
+    segs = {}
+    for ledger in (dead, live, orphaned):
+        segs[ledger] = segment()
+        shm.record(segs[ledger], str(ledger))
+        Path(shm.checkpoint_note(str(ledger))).write_text("/somewhere/ckpt")
+    env = {**os.environ, shm.RUN_ENV: str(orphaned)}
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        time.sleep(0.5)
+        removed = shm.cleanup_dead_runs(str(tmp_path))
+    finally:
+        worker.kill()
+        worker.wait()
+    try:
+        assert removed == [segs[dead]]
+        assert not os.path.exists(segs[dead]) and not dead.exists()
+        assert not os.path.exists(shm.checkpoint_note(str(dead)))
+        for ledger in (live, orphaned):
+            assert os.path.exists(segs[ledger]) and ledger.exists()
+            assert os.path.exists(shm.checkpoint_note(str(ledger)))
+        assert shm.cleanup_dead_runs(str(tmp_path)) == [segs[orphaned]]  # its last process has ended
+    finally:
+        for path in segs.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

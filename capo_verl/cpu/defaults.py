@@ -230,20 +230,15 @@ def _interpolated_by_profile(config, key: str) -> bool:
     return OmegaConf.is_interpolation(parent, leaf) and precision.RESOLVER in str(parent._get_node(leaf)._value())
 
 
-def checkpoint_note(ledger: str) -> str:
-    """The file beside a run's ``/dev/shm`` ledger (:mod:`capo_verl.cpu.shm`) that names its checkpoint folder."""
-    return f"{ledger}.checkpoints"
-
-
 def record_checkpoint_folder(config) -> str | None:
     """In a run started by :mod:`capo_verl.cpu.launch` (its ledger in ``CAPO_VERL_RUN``), write the resolved
-    ``trainer.default_local_dir`` to :func:`checkpoint_note`, so that the launcher can tell whether a stopped run left
-    a checkpoint to resume from. Returns the folder written, or None outside such a run.
+    ``trainer.default_local_dir`` to :func:`capo_verl.cpu.shm.checkpoint_note`, so that the launcher can tell whether
+    a stopped run left a checkpoint to resume from. Returns the folder written, or None outside such a run.
 
     Raises:
         OSError: the note cannot be written beside the ledger.
     """
-    from .shm import RUN_ENV
+    from .shm import RUN_ENV, checkpoint_note
 
     ledger = os.environ.get(RUN_ENV)
     folder = select(config, "trainer.default_local_dir")

@@ -92,25 +92,12 @@ def run_processes(ledger: str, session: int | None = None) -> list[int]:
     """PIDs of the live processes of the run whose ledger is ``ledger``: those whose environment names it (read
     from ``/proc/<pid>/environ``; a process that is not ours cannot be read and is not counted), and those of the
     command's session ``session``. This process is never in the list."""
-    marker = f"{shm.RUN_ENV}={ledger}".encode()
-    pids = set()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker in f.read().split(b"\0"):
-                    pids.add(pid)
-                    continue
-        except OSError:  # ended, or not ours
-            pass
-        if session is not None:
-            try:
-                if os.getsid(pid) == session:
-                    pids.add(pid)
-            except OSError:
-                pass
+    pids = set(shm.processes_carrying(ledger))
+    for entry in os.listdir("/proc") if session is not None and os.path.isdir("/proc") else ():
+        if entry.isdigit() and int(entry) not in pids:
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry)) == session:
+                    pids.add(int(entry))
     pids.discard(os.getpid())
     return sorted(p for p in pids if _alive(p))
 
@@ -269,9 +256,7 @@ def resume_hint(ledger: str) -> str:
     was written, that the same command starts again from the model. The note is removed."""
     from capo_verl.compat.run_summary import last_checkpoint
 
-    from .defaults import checkpoint_note
-
-    note = checkpoint_note(ledger)
+    note = shm.checkpoint_note(ledger)
     try:
         with open(note) as f:
             folder = f.read().strip()

@@ -57,6 +57,8 @@ SHM_DIR = "/dev/shm"
 PID_PREFIX = "pid:"
 #: a ledger line counting one warning the CPU port did not print, with its reason (:mod:`capo_verl.cpu.quiet`)
 QUIET_PREFIX = "quiet:"
+#: a ledger's file name in the temp dir: ``capo-verl-run-<pid of its owner>-<random>.shm`` (:func:`new_ledger`)
+LEDGER_GLOB = "capo-verl-run-*-*.shm"
 
 #: joblib's loky names a semaphore ``/loky-<pid of its maker>-<random>``; POSIX puts it in ``/dev/shm/sem.<name>``
 LOKY_SEMAPHORE = "sem.loky-{pid}-*"
@@ -69,6 +71,12 @@ def new_ledger(directory: str | None = None) -> str:
     :func:`record`, so a run that makes no segment leaves no file."""
     name = f"capo-verl-run-{os.getpid()}-{secrets.token_hex(8)}.shm"
     return os.path.join(directory or tempfile.gettempdir(), name)
+
+
+def checkpoint_note(ledger: str) -> str:
+    """The file beside a run's ledger that names its checkpoint folder
+    (:func:`capo_verl.cpu.defaults.record_checkpoint_folder`); removed with the ledger."""
+    return f"{ledger}.checkpoints"
 
 
 def record(path: str, ledger: str | None = None) -> None:
@@ -192,6 +200,50 @@ def cleanup_run(ledger: str, remove_ledger: bool = True, pids=()) -> list[str]:
     return removed
 
 
+def processes_carrying(ledger: str) -> list[int]:
+    """PIDs of the live processes whose environment names ``ledger`` in :data:`RUN_ENV` (read from
+    ``/proc/<pid>/environ``; a process that is not this user's cannot be read and is not counted), this one excluded."""
+    marker = f"{RUN_ENV}={ledger}".encode()
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:  # ended, or not ours
+            continue
+    return pids
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def cleanup_dead_runs(directory: str | None = None) -> list[str]:
+    """Remove what runs that ended without cleaning up left (their owner SIGKILLed, the machine's session ended):
+    for each ledger in ``directory`` (default: the temp dir; :data:`LEDGER_GLOB`) whose owner process is gone and
+    that no live process still carries, its recorded ``/dev/shm`` segments (:func:`cleanup_run`: only those this
+    user owns), the ledger and its checkpoint note. A ledger whose owner lives, or whose pid is now another
+    process's, is left alone. Returns the segments removed."""
+    removed = []
+    for ledger in glob.glob(os.path.join(directory or tempfile.gettempdir(), LEDGER_GLOB)):
+        owner = os.path.basename(ledger).split("-")[3]
+        if not owner.isdigit() or _owner_alive(int(owner)) or processes_carrying(ledger):
+            continue
+        removed += cleanup_run(ledger)
+        with contextlib.suppress(OSError):
+            os.unlink(checkpoint_note(ledger))
+    return removed
+
+
 def record_created() -> None:
     """In this process: every ``SharedMemory(create=True)`` and loky ``SemLock`` records its path in the run's
     ledger, and the process its pid (idempotent; no-op outside a run, i.e. without :data:`RUN_ENV`)."""
@@ -246,7 +298,11 @@ def _record_loky_semaphores(synchronize: ModuleType) -> None:
 def start_run() -> str:
     """Make this process the owner of a new run: a fresh ledger in :data:`RUN_ENV` (inherited by every process
     started from here on, which then record their segments); returns the ledger's path. The caller removes the
-    segments with :func:`cleanup_run` when the run ends."""
+    segments with :func:`cleanup_run` when the run ends. First, the leftovers of earlier runs that ended without
+    cleaning up (:func:`cleanup_dead_runs`) are removed, with one log line."""
+    removed = cleanup_dead_runs()
+    if removed:
+        logger.info("removed %d shared-memory segment(s) of earlier runs that ended without cleanup", len(removed))
     ledger = new_ledger()
     os.environ[RUN_ENV] = ledger
     record_created()
@@ -268,6 +324,8 @@ def _own_run_at_exit() -> None:
         if quiet:
             logger.info("%s", quiet)
         removed = cleanup_run(ledger)
+        with contextlib.suppress(OSError):  # written by the checks of a run (or a --dry-run) this process owned
+            os.unlink(checkpoint_note(ledger))
         if removed:
             logger.info("removed %d shared-memory segments of this run from /dev/shm", len(removed))
 
