@@ -73,10 +73,26 @@ EOF
 # read from a file, keeps its "~": bash expands it only in an unquoted word). Anything else is printed unchanged.
 capo_expand_home() {
     case "$1" in
+        "~" | "~/"*) [ -n "${HOME:-}" ] || { echo "error: $1: HOME is not set; set HOME, or give the path without ~" >&2; exit 2; } ;;
+    esac
+    case "$1" in
         "~") printf '%s' "$HOME" ;;
         "~/"*) printf '%s' "${HOME}/${1#"~/"}" ;;
         *) printf '%s' "$1" ;;
     esac
+}
+
+# capo_need_home VAR ...: the folders VAR default to ones under $HOME; with HOME unset (a cron job, a container) and
+# one of them unset too, one error line naming both, and status 2.
+capo_need_home() {
+    [ -n "${HOME:-}" ] && return 0
+    local var
+    for var in "$@"; do
+        if [ -z "${!var:-}" ]; then
+            echo "error: HOME is not set, and ${var} (a folder under \$HOME by default) is not either; set HOME, or set each of: $*" >&2
+            exit 2
+        fi
+    done
 }
 
 # capo_hydra_value VALUE [SUFFIX]: VALUE (a path the user chose) as the value of a Hydra override, followed by SUFFIX
@@ -304,6 +320,7 @@ capo_launch() {
             "for wandb run \`wandb login\` (or set WANDB_API_KEY, or WANDB_MODE=offline), or type trainer.logger=[console,wandb]"
     fi
     local data_dir ckpt_dir
+    capo_need_home CAPO_DATA_DIR CAPO_CKPT_DIR
     data_dir="$(capo_expand_home "${CAPO_DATA_DIR:-$HOME/data/capo}")"
     ckpt_dir="$(capo_expand_home "${CAPO_CKPT_DIR:-$HOME/checkpoints/capo}")"
     model_path="$(capo_expand_home "$model_path")"

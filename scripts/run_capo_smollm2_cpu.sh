@@ -82,6 +82,7 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vl
        "run 'bash scripts/setup.sh', which says why when it cannot install it" >&2
   exit 2
 fi
+capo_need_home CAPO_CPU_DATA_DIR CAPO_CPU_CKPT_DIR
 # a leading ~ expanded; each path quoted for Hydra where it needs it (capo_hydra_value, scripts/_common.sh)
 DATA_DIR=$(capo_expand_home "${CAPO_CPU_DATA_DIR:-$HOME/data/capo/cpu}")
 CKPT_DIR=$(capo_expand_home "${CAPO_CPU_CKPT_DIR:-$HOME/checkpoints/capo_cpu}")

@@ -166,3 +166,35 @@ def test_the_cpu_script_passes_expanded_quoted_paths(tmp_path, stand_in):
     assert got["data.val_files"] == f"{home}/dätä,1/gsm8k_calc_val.parquet"
     assert got["trainer.default_local_dir"] == f"{home}/it's/${{trainer.experiment_name}}"
     assert not home.exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    "script, folders",
+    [
+        ("run_capo_smollm2_cpu.sh", ("CAPO_CPU_DATA_DIR", "CAPO_CPU_CKPT_DIR")),
+        ("run_capo_qwen2.5_math_1.5b.sh", ("CAPO_DATA_DIR", "CAPO_CKPT_DIR")),
+    ],
+)
+def test_without_home_the_folders_are_asked_for_and_given_they_suffice(tmp_path, stand_in, script, folders):
+    """HOME unset (a cron job, a container): one line naming HOME and the folder variables, status 2; with those
+    variables set, the script goes on (HOME is not needed); a ``~`` path without HOME is one line too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPO_", "RAY_")) and k != "HOME"}
+    env.update(PYTHON=str(stand_in), ARGS_OUT=str(tmp_path / "args"), CAPO_VERL_CACHE=str(tmp_path / "cache"))
+
+    def dry_run(**extra):
+        cmd = ["bash", str(REPO / "scripts" / script), "--dry-run"]
+        return subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+
+    refused = dry_run()
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.splitlines()
+    assert line.startswith("error: HOME is not set") and all(f in line for f in folders), line
+
+    given = dry_run(**{f: str(tmp_path / f) for f in folders})
+    assert given.returncode == 0, given.stderr
+    assert overrides(tmp_path / "args")["data.train_files"].startswith(str(tmp_path / folders[0]))
+
+    tilde = dry_run(**{folders[0]: "~/data", folders[1]: str(tmp_path / "ckpt")})
+    assert tilde.returncode == 2, tilde.stderr
+    [line] = tilde.stderr.splitlines()
+    assert line.startswith("error: ~/data:") and "HOME" in line, line
