@@ -47,6 +47,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from capo_verl.estimators.codapo import CodapoConfig, apply_batch_rows, pop_question_weights, select_questions
+from capo_verl.estimators.registry import ESTIMATORS
 
 from .patching import after_import, patch
 
@@ -66,11 +67,13 @@ def resample_config(config) -> CodapoConfig | None:
 
     Args:
         config: the full trainer config (DictConfig or dict).
+
+    Raises:
+        ValueError: an invalid ``algorithm.codapo`` (:meth:`CodapoConfig.from_algorithm_config`; refused at the
+            start of a run, :func:`capo_verl.compat.methods.check_method_configs`).
     """
-    algorithm = _get(config, "algorithm")
-    if not _get(_get(algorithm, "codapo"), "resample"):
-        return None
-    return CodapoConfig.from_algorithm_config(algorithm)
+    cfg = CodapoConfig.from_algorithm_config(_get(config, "algorithm"))
+    return cfg if cfg.resample else None
 
 
 def check_resample_setup(config) -> None:
@@ -81,11 +84,13 @@ def check_resample_setup(config) -> None:
     Raises:
         ValueError: one line naming the key, its value and the allowed range: ``percentile`` outside (0, 1),
             ``repeat_count`` < 1 (both from :class:`CodapoConfig`); ``data.train_batch_size`` not a multiple of
-            ``repeat_count`` (the apply step's batch cannot be filled with whole repeats); ``algorithm.adv_estimator``
-            other than ``codapo``; or a trainer setup whose steps do not each take one loader batch of
-            ``train_batch_size`` prompts (``trainer.use_v1=false``, ``trainer.v1.trainer_mode`` other than ``sync``,
-            ``parameter_sync_step`` > 1, ``data.gen_batch_size`` != ``train_batch_size``, DAPO's
-            ``algorithm.filter_groups.enable`` or ``trainer.v1.sampler.sync_refill_failed_groups``).
+            ``repeat_count`` (the apply step's batch cannot be filled with whole repeats); an
+            ``algorithm.adv_estimator`` not declared with ``resamples=True`` (whose weights choose the questions,
+            :attr:`~capo_verl.estimators.registry.EstimatorSpec.resamples`: ``codapo``); or a trainer setup whose
+            steps do not each take one loader batch of ``train_batch_size`` prompts (``trainer.use_v1=false``,
+            ``trainer.v1.trainer_mode`` other than ``sync``, ``parameter_sync_step`` > 1, ``data.gen_batch_size``
+            != ``train_batch_size``, DAPO's ``algorithm.filter_groups.enable`` or
+            ``trainer.v1.sampler.sync_refill_failed_groups``).
     """
     cfg = resample_config(config)
     if cfg is None:
@@ -93,10 +98,12 @@ def check_resample_setup(config) -> None:
     algorithm = _get(config, "algorithm")
     name = _get(algorithm, "adv_estimator")
     name = getattr(name, "value", name)
-    if name != "codapo":
+    spec = ESTIMATORS.get(name)
+    if spec is None or not spec.resamples:
+        readers = sorted(s.name for s in ESTIMATORS.values() if s.resamples)
         raise ValueError(
-            f"algorithm.codapo.resample=true needs algorithm.adv_estimator=codapo (its weights choose the questions), "
-            f"got {name!r}; set algorithm.adv_estimator=codapo or algorithm.codapo.resample=false"
+            f"algorithm.codapo.resample=true needs algorithm.adv_estimator={' or '.join(readers)} (its weights choose "
+            f"the questions), got {name!r}; set algorithm.adv_estimator={readers[0]} or algorithm.codapo.resample=false"
         )
     trainer = _get(config, "trainer")
     data = _get(config, "data")

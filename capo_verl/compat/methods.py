@@ -15,8 +15,11 @@ repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook f
 - an ablation of ``configs/ablation/`` that changes a section the run's estimator does not read
   (:func:`check_ablation`), and a method key typed on the command line that the run does not read
   (:func:`check_typed_keys`);
-- ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``: the legacy trainer never hands the training
-  step to the advantage step, so the schedule would fail at the first update (after rollouts);
+- the run's estimator's own start check (:attr:`~capo_verl.estimators.registry.EstimatorSpec.check_config`,
+  declared with it): ``algorithm.capo.ref_low`` > ``ref_high`` with the mask on
+  (:func:`~capo_verl.estimators.capo.check_mask_thresholds`), ``algorithm.cde.w_zero_after_step`` with
+  ``trainer.use_v1=false`` (the legacy trainer never hands the training step to the advantage step, so the
+  schedule would fail at the first update, after rollouts; :func:`~capo_verl.estimators.cde.check_schedule_trainer`);
 - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
   (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
 - values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
@@ -30,8 +33,8 @@ repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook f
   :func:`capo_verl.cpu.defaults._patch_validate_config`.)
 
 - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
-  estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`), ``algorithm.capo.ref_low`` >
-  ``ref_high`` with the mask on (:func:`check_mask_thresholds`);
+  estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`, with the reason its declaration
+  gives, :attr:`~capo_verl.estimators.registry.EstimatorSpec.group_reason`);
 - the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
   steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
 
@@ -52,12 +55,12 @@ from pathlib import Path
 
 import capo_verl.estimators  # noqa: F401  imports every estimator module, so each has declared itself
 from capo_verl import reward as capo_reward
-from capo_verl.estimators.capo import CapoConfig
+from capo_verl.estimators.capo import check_mask_thresholds
 from capo_verl.estimators.registry import ESTIMATORS, EstimatorSpec, config_sections
 
 from .codapo_sampling import check_resample_setup, resample_config
 from .patching import after_import, patch
-from .run_checks import MISSING, batch_problem, check_run_config, format_value, override, select
+from .run_checks import MISSING, batch_problem, check_run_config, format_value, select
 from .run_summary import remember_command
 from .simko import check_simko_setup, loss_mode_of
 from .start_report import log_start_report
@@ -69,7 +72,7 @@ __all__ = [
     "VERL_GROUP_ESTIMATORS",
     "check_estimator",
     "check_group_size",
-    "check_mask_thresholds",
+    "check_mask_thresholds",  # CAPO's check_config, declared in capo_verl.estimators.capo
     "check_method_configs",
     "check_start_values",
     "hook_validate_config",
@@ -163,26 +166,24 @@ def check_estimator(config) -> str | None:
         verls = [n for n in known if n not in ESTIMATORS]
         raise ValueError(
             f"algorithm.adv_estimator={name}: not a registered advantage estimator; capo-verl's: {', '.join(ours)}; "
-            f"verl's: {', '.join(verls)}; set e.g. algorithm.adv_estimator={guess[0] if guess else 'capo'}"
+            f"verl's: {', '.join(verls)}; set e.g. algorithm.adv_estimator={guess[0] if guess else (ours or known)[0]}"
         )
     return name
 
 
 def check_group_size(config, name: str | None) -> None:
     """A group estimator (capo-verl's, or one of :data:`VERL_GROUP_ESTIMATORS`) needs ``actor_rollout_ref.rollout.n``
-    >= 2 in a run that trains (a ``trainer.val_only`` run computes no advantage); ValueError saying why, with an
-    ``n`` whose batch sizes split (:func:`~.run_checks.batch_problem`)."""
+    >= 2 in a run that trains (a ``trainer.val_only`` run computes no advantage); ValueError saying why (the
+    estimator's declared :attr:`~capo_verl.estimators.registry.EstimatorSpec.group_reason`, else that it loses its
+    baseline), with an ``n`` whose batch sizes split (:func:`~.run_checks.batch_problem`)."""
     if name not in ESTIMATORS and name not in VERL_GROUP_ESTIMATORS or select(config, "trainer.val_only") is True:
         return
     n = select(config, "actor_rollout_ref.rollout.n")
     if n is MISSING or isinstance(n, int) and not isinstance(n, bool) and n >= 2:
         return
-    if name == "capo":
-        why = (
-            "CAPO ranks each prompt's correct responses against its incorrect ones (Eq. 14); a group of one has no "
-            "pair, so every advantage would be 0 and nothing would be trained"
-        )
-    else:
+    spec = ESTIMATORS.get(name)
+    why = spec.group_reason if spec is not None else None
+    if why is None:
         why = (
             f"{name} compares each response with the other responses to its prompt; with one there are none, and "
             "verl's group statistics fall back to mean 0 and std 1: the run would train without the method's baseline"
@@ -191,24 +192,6 @@ def check_group_size(config, name: str | None) -> None:
     raise ValueError(
         f"actor_rollout_ref.rollout.n={format_value(n)}: algorithm.adv_estimator={name} needs an integer >= 2 "
         f"(responses per prompt): {why}; set actor_rollout_ref.rollout.n={fix}"
-    )
-
-
-def check_mask_thresholds(config, capo: CapoConfig) -> None:
-    """``algorithm.capo.ref_low`` <= ``ref_high`` when the noise mask is on; else ValueError with a fix.
-
-    Eq. 18 masks a correct response above ``ref_high`` and an incorrect one below ``ref_low``: lucky guesses are the
-    correct responses the reference finds unlikely, near-misses the incorrect ones it finds likely, so the paper's
-    window has ``ref_low`` < ``ref_high`` ([1.05, 2.5]). With ``ref_low`` above ``ref_high`` an incorrect response is
-    masked at perplexities where a correct one still counts as genuine; that reads as swapped thresholds."""
-    if not capo.use_mask or capo.ref_low <= capo.ref_high:
-        return
-    low = min(CapoConfig.ref_low, capo.ref_high)
-    raise ValueError(
-        f"algorithm.capo.ref_low={capo.ref_low:g}: must be <= algorithm.capo.ref_high={capo.ref_high:g} (Eq. 18 "
-        "masks incorrect responses below ref_low and correct ones above ref_high; with ref_low above ref_high the "
-        "mask drops incorrect responses the reference finds less likely than correct ones it keeps); set "
-        f"{override(config, 'algorithm.capo.ref_low', f'{low:g}')}, or swap the two values"
     )
 
 
@@ -320,9 +303,10 @@ def check_method_configs(config) -> None:
 
     Raises:
         ValueError: an unknown ``algorithm.adv_estimator``, a group estimator with ``rollout.n`` < 2, an invalid
-            ``algorithm.capo|codapo|cde.*`` key or value, ``ref_low`` > ``ref_high``, a CDE step schedule on the
-            legacy trainer, a SimKO setup that cannot run, a value :func:`~.run_checks.check_run_config` or
-            :func:`check_start_values` refuses; one line naming the key, the value, what is allowed and the fix.
+            ``algorithm.capo|codapo|cde.*`` key or value, what the estimator's ``check_config`` refuses
+            (``ref_low`` > ``ref_high``, a CDE step schedule on the legacy trainer), a SimKO setup that cannot run,
+            a value :func:`~.run_checks.check_run_config` or :func:`check_start_values` refuses; one line naming the
+            key, the value, what is allowed and the fix.
     """
     algorithm = _get(config, "algorithm")
     name = check_estimator(config)
@@ -331,20 +315,12 @@ def check_method_configs(config) -> None:
     for section, cls in config_sections().items():
         if section == used or _get(algorithm, section) is not None:
             parsed[section] = cls.from_algorithm_config(algorithm)
-    if used == "capo":
-        check_mask_thresholds(config, parsed["capo"])
+    spec = ESTIMATORS.get(name)
+    if spec is not None and spec.check_config is not None:
+        spec.check_config(config, parsed[used])
     check_group_size(config, name)
     check_ablation(config, name)
     check_typed_keys(config, name)
-    cde = parsed.get("cde")
-    use_v1 = _get(_get(config, "trainer"), "use_v1")
-    if name == "cde" and cde.w_zero_after_step is not None and use_v1 is False:
-        raise ValueError(
-            f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer "
-            "(with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "
-            "estimator, and the first update would stop); set trainer.use_v1=true, or "
-            "algorithm.cde.w_zero_after_step=null for a constant bonus weight"
-        )
     check_resample_setup(config)
     if _get(_get(config, "actor_rollout_ref"), "actor") is not None:
         check_simko_setup(config)

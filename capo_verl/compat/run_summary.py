@@ -16,8 +16,10 @@ Two patches, in verl's TaskRunner (where the trainer runs):
    iterator's worker processes are stopped first (:func:`stop_dataloader_workers`).
 
 The block: the steps done and the time; validation accuracy and ``val-calib`` AUC-mean, first pass against last;
-the estimator's own numbers over the run (CAPO and grpo_mask: the mean share of incorrect responses the noise mask
-drops, ``capo/mask_frac_incorrect``; every estimator: verl's clip fraction ``actor/pg_clipfrac``); the last
+the estimator's own numbers over the run (the means of the metrics its declaration names,
+:attr:`~capo_verl.estimators.registry.EstimatorSpec.summary_metrics`: for CAPO and grpo_mask the share of incorrect
+responses the noise mask drops, ``capo/mask_frac_incorrect``; every estimator: verl's clip fraction
+``actor/pg_clipfrac``); the last
 checkpoint and the exact command that resumes from it (only when a checkpoint exists); the metrics file (verl's
 ``file`` logger) and the curves.
 
@@ -262,6 +264,8 @@ def summary(
     """The block (module docstring) for a trainer whose ``fit`` returned after ``elapsed_s`` seconds, having trained
     ``steps_done`` steps, from the checkpoint of step ``resumed_from`` (0: from the model). ``curves``: the curves'
     path, or None with ``curves_problem``, why they were not written."""
+    from capo_verl.estimators.registry import ESTIMATORS  # here: the CPU launcher loads this module without torch
+
     estimator = str(config.algorithm.adv_estimator)
     total = config.trainer.total_training_steps or "all"
     if resumed_from:
@@ -277,9 +281,9 @@ def summary(
         f"validation accuracy: {_first_last('val-core/')}",
         f"val-calib AUC-mean: {_first_last('val-calib/')}",
     ]
-    if estimator in ("capo", "grpo_mask"):
-        share = _mean("capo/mask_frac_incorrect")
-        lines.append(f"{estimator} mask, share of incorrect responses dropped (capo/mask_frac_incorrect): {share}")
+    spec = ESTIMATORS.get(estimator)
+    for label, key in spec.summary_metrics if spec is not None else ():
+        lines.append(f"{estimator} {label} ({key}): {_mean(key)}")
     lines.append(f"clip fraction (actor/pg_clipfrac): {_mean('actor/pg_clipfrac')}")
     checkpoint = last_checkpoint(config.trainer.default_local_dir)
     if checkpoint is not None:

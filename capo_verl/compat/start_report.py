@@ -8,11 +8,13 @@ record on the ``capo_verl`` logger:
 - the advantage estimator and its keys (capo-verl's: the parsed ``algorithm.<section>``; verl's ``grpo``: its
   ``norm_adv_by_std_in_grpo``);
 - the KL term in the loss (``actor_rollout_ref.actor.use_kl_loss``, ``kl_loss_type``, ``kl_loss_coef``) and in the
-  reward (``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl.kl_coef``), on or off; with CAPO and a KL loss,
-  that the paper's CAPO trains without it and the key that turns it off;
+  reward (``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl.kl_coef``), on or off; with a KL loss and an
+  estimator whose recipe trains without it (CAPO's, declared with ``trains_without_kl``,
+  :class:`~capo_verl.estimators.registry.EstimatorSpec`), that and the key that turns it off;
 - the reference pass (verl's ``need_reference_policy``, with capo-verl's gate);
-- with the noise mask on, the model its thresholds were measured on (:func:`thresholds_warning`), logged again as a
-  WARNING when it is not the run's reference model;
+- with the noise mask on (an estimator whose section parses to :class:`~capo_verl.estimators.capo.CapoConfig`), the
+  model its thresholds were measured on (:func:`thresholds_warning`), logged again as a WARNING when it is not the
+  run's reference model;
 - ``val-calib/*`` on or off and why (:func:`capo_verl.compat.validation.val_calib_mode`);
 - the dtypes verl uses: the rollout's, and the actor's and the reference model's parameters and compute dtype
   (:func:`dtype_line`).
@@ -31,9 +33,6 @@ from .run_checks import MISSING, format_value, select
 from .validation import OFF, REQUIRED, val_calib_mode
 
 logger = logging.getLogger("capo_verl")
-
-#: estimators of the paper's recipe that train without a KL term (``configs/capo_qwen2.5_math_1.5b.yaml``)
-NO_KL_ESTIMATORS = ("capo", "grpo_mask")
 
 
 def _value(config, key: str, absent: str = "absent"):
@@ -55,15 +54,17 @@ def _estimator_line(config, name: str) -> str:
 
 def kl_lines(config, name: str) -> list[str]:
     """The KL lines of the block: in the loss and in the reward, each on or off with its type and coefficient; with
-    CAPO (:data:`NO_KL_ESTIMATORS`) and a KL loss, that the paper's CAPO trains without it and the key."""
+    a KL loss and an estimator declared with ``trains_without_kl`` (CAPO's recipe,
+    ``configs/capo_qwen2.5_math_1.5b.yaml``), that its recipe trains without it and the key that turns it off."""
     actor = "actor_rollout_ref.actor"
     if select(config, f"{actor}.use_kl_loss") is True:
         loss = (
             f"KL in loss: on ({actor}.use_kl_loss=true, kl_loss_type={_value(config, f'{actor}.kl_loss_type')}, "
             f"kl_loss_coef={_value(config, f'{actor}.kl_loss_coef')})"
         )
-        if name in NO_KL_ESTIMATORS:
-            loss += f"; the paper's CAPO trains without it: set {actor}.use_kl_loss=false for its recipe"
+        spec = ESTIMATORS.get(name)
+        if spec is not None and spec.trains_without_kl:
+            loss += f"; {name}'s recipe trains without it: set {actor}.use_kl_loss=false for its recipe"
     else:
         loss = f"KL in loss: off ({actor}.use_kl_loss={_value(config, f'{actor}.use_kl_loss')})"
     if select(config, "algorithm.use_kl_in_reward") is True:
@@ -97,18 +98,18 @@ def _reference_line(config, name: str, use_reference_policy: bool) -> str:
 
 
 def thresholds_warning(config, name: str) -> str | None:
-    """With the noise mask on (``algorithm.capo.use_mask``, estimators reading ``algorithm.capo``): the warning when
-    ``[ref_low, ref_high]`` are the pair measured on another model than the reference (``actor_rollout_ref.model.path``,
-    whose folder name does not contain the model of :data:`~capo_verl.estimators.capo.COMMITTED_THRESHOLDS`, case
-    ignored), else None. Thresholds of no committed model (e.g. the user's own, from ``capo-verl mask-thresholds``)
-    are not questioned.
+    """With the noise mask on (``algorithm.capo.use_mask``, estimators whose section parses to
+    :class:`~capo_verl.estimators.capo.CapoConfig`): the warning when ``[ref_low, ref_high]`` are the pair measured
+    on another model than the reference (``actor_rollout_ref.model.path``, whose folder name does not contain the
+    model of :data:`~capo_verl.estimators.capo.COMMITTED_THRESHOLDS`, case ignored), else None. Thresholds of no
+    committed model (e.g. the user's own, from ``capo-verl mask-thresholds``) are not questioned.
 
     A perplexity window is the reference model's: the paper's [1.05, 2.5] (Qwen2.5-Math) on SmolLM2-135M, whose
     quartiles are [3.97, 6.43], would mask most of its incorrect responses and few correct ones."""
     spec = ESTIMATORS.get(name)
-    if spec is None or spec.section != "capo":
+    if spec is None or spec.config_class is not CapoConfig:
         return None
-    capo = CapoConfig.from_algorithm_config(select(config, "algorithm"))
+    capo = spec.config_class.from_algorithm_config(select(config, "algorithm"))
     measured_on = next((m for m, pair in COMMITTED_THRESHOLDS.items() if pair == (capo.ref_low, capo.ref_high)), None)
     path = select(config, "actor_rollout_ref.model.path")
     if not capo.use_mask or measured_on is None or not isinstance(path, str):

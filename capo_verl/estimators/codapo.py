@@ -297,7 +297,11 @@ def _codapo_advantages(scores, lpm, correct, gid, n_groups: int, norm_by_std=Tru
 
 
 @register_estimator(
-    "codapo", batch_keys=("old_log_probs", "rollout_log_probs"), section="codapo", config_class=CodapoConfig
+    "codapo",
+    batch_keys=("old_log_probs", "rollout_log_probs"),
+    section="codapo",
+    config_class=CodapoConfig,
+    resamples=True,  # its per-question weights (pop_question_weights) choose the resampled questions
 )
 def compute_codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,

@@ -9,7 +9,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from capo_verl.estimators.capo import CapoConfig, mask_keys_unread, uses_noise_mask
+from capo_verl.estimators.capo import (
+    MASK_SUMMARY,
+    CapoConfig,
+    check_mask_thresholds,
+    mask_keys_unread,
+    uses_noise_mask,
+)
 from capo_verl.estimators.common import (
     _grpo_group_advantages,
     noise_mask,
@@ -36,6 +42,9 @@ def _unread_keys(cfg: CapoConfig) -> dict[str, tuple[str, str]]:
     config_class=CapoConfig,
     needs_reference_policy=uses_noise_mask,
     unread_keys=_unread_keys,
+    check_config=check_mask_thresholds,
+    trains_without_kl=True,  # the paper's recipe, as CAPO's
+    summary_metrics=MASK_SUMMARY,
 )
 def compute_grpo_mask_outcome_advantage(
     token_level_rewards: torch.Tensor,
