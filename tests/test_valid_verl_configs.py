@@ -297,3 +297,37 @@ def test_path_the_driver_cannot_see_on_a_ray_cluster_is_a_warning(run_files, cap
     with caplog.at_level("WARNING", logger="capo_verl"):
         check(run_files, *capo, f"data.train_files={missing}")
     assert missing in caplog.text
+
+
+@pytest.mark.parametrize("value", ["null", "[]"])
+def test_validation_files_absent_are_refused_even_without_validation(run_files, capo, value):
+    """verl's trainer builds its validation set from ``data.val_files`` whether or not it validates, and
+    ``create_rl_dataset(None)`` fails in its TaskRunner: refused at the start, naming the key (every other case here
+    is the valid neighbour, with validation files)."""
+    with pytest.raises(ValueError) as info:
+        check(run_files, *capo, f"data.val_files={value}", "trainer.test_freq=-1", "trainer.val_before_train=False")
+    assert str(info.value).startswith("data.val_files=")
+
+
+def test_train_max_samples_below_one_batch_is_refused_and_one_batch_passes(run_files, capo):
+    """``data.train_max_samples`` rows of a 256-row file, ``data.train_batch_size=32``: 2 rows leave verl's dataloader
+    (drop_last) without a step, so the run would end at once with status 0; 32 rows give one step."""
+    with pytest.raises(ValueError) as info:
+        check(run_files, *capo, "data.train_max_samples=2")
+    assert str(info.value).startswith("data.train_max_samples=2") and "data.train_max_samples=32" in str(info.value)
+    check(run_files, *capo, "data.train_max_samples=32", "trainer.total_training_steps=1")
+
+
+def test_ray_resources_typed_with_an_existing_cluster_are_refused_and_null_joins(run_files, capo, monkeypatch):
+    """``ray.init`` refuses ``num_cpus`` / ``num_gpus`` when it connects to an existing cluster (the CPU profile sets
+    both); the refusal names them and ``RAY_ADDRESS``, and its fix (both null) passes."""
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    typed = ("ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=8")
+    with pytest.raises(ValueError) as info:
+        check(run_files, *capo, *typed)
+    message = str(info.value)
+    assert (
+        message.startswith("ray_kwargs.ray_init.num_cpus=16, ray_kwargs.ray_init.num_gpus=8")
+        and "RAY_ADDRESS" in message
+    )
+    check(run_files, *capo, "ray_kwargs.ray_init.num_cpus=null", "+ray_kwargs.ray_init.num_gpus=null")

@@ -23,6 +23,7 @@ from capo_verl.compat.config_keys import (
     earlier_value,
     expected_files,
     format_value,
+    on_ray_cluster,
     override,
     select,
 )
@@ -125,7 +126,26 @@ def ray_folder_problem(environ=os.environ) -> str | None:
 
 
 def _ray_folder(config, ctx) -> Refusal | None:
-    """Ray's session folder in this process's environment (:func:`ray_folder_problem`)."""
+    """Ray's session folder in this process's environment (:func:`ray_folder_problem`); on an existing cluster,
+    ``ray_kwargs.ray_init.num_cpus`` / ``num_gpus`` (the CPU profile sets both), which ``ray.init`` refuses when it
+    connects to one ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided")."""
+    if on_ray_cluster(config):
+        typed = [
+            k for k in ("num_cpus", "num_gpus") if select(config, f"ray_kwargs.ray_init.{k}") not in (None, MISSING)
+        ]
+        if typed:
+            where = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "ray_kwargs.ray_init.address"
+            keys = ", ".join(
+                f"ray_kwargs.ray_init.{k}={format_value(select(config, f'ray_kwargs.ray_init.{k}'))}" for k in typed
+            )
+            return Refusal(
+                keys,
+                f"with an existing Ray cluster ({where}) ray.init refuses them, after the driver started; the "
+                "cluster's own resources count (verl places each trainer rank on one Ray GPU: start the cluster with "
+                "--num-gpus, fake ones on a CPU)",
+                f"set {' '.join(f'ray_kwargs.ray_init.{k}=null' for k in typed)} to join the cluster, or unset "
+                f"{where} to start a local Ray",
+            )
     return _ray_folder_refusal(os.environ)
 
 
@@ -207,6 +227,13 @@ def _data_files(config, ctx) -> Refusal | None:
         fix = f"point {key} at existing parquet files" + (
             f", e.g. {key}={earlier} (the value this command had before)" if usable else ""
         )
+        if value is None or value is MISSING or not _paths(value):
+            return Refusal(
+                f"{key}={format_value(value)}",
+                "verl's trainer builds its data set from it (the validation set even when it never validates) and "
+                "fails in its TaskRunner, after Ray started",
+                fix,
+            )
         for path in _paths(value):
             if not isinstance(path, str) or not path:
                 return Refusal(
@@ -250,6 +277,16 @@ def _training_set(config, ctx) -> Refusal | None:
     rows = _parquet_rows(_paths(select(config, "data.train_files")))
     if rows is None:
         return None
+    limit = _int_or_none(select(config, "data.train_max_samples"))
+    if limit is not None and 0 < limit < rows:  # verl's RLHFDataset keeps that many rows (max_samples)
+        if limit < batch:
+            return Refusal(
+                f"data.train_max_samples={limit}",
+                f"fewer rows than data.train_batch_size={batch}, so verl's dataloader (drop_last) would give no step "
+                "at all and the run would end at once",
+                f"set {override(config, 'data.train_max_samples', batch)} or a smaller data.train_batch_size",
+            )
+        rows = limit
     if rows < batch:
         return Refusal(
             f"data.train_batch_size={batch}",

@@ -1115,11 +1115,13 @@ RULES: tuple[Rule, ...] = (
         "ray_folder",
         (),
         "cannot be made or written (the launcher, `launch.py`, falls back from `TMPDIR` to `/tmp`, and stops with "
-        "one line when `/tmp` fails too)",
-        "`ray.init` fails",
+        "one line when `/tmp` fails too); on an existing cluster, `num_cpus` or `num_gpus` set (the CPU profile "
+        "sets both; the fix is null)",
+        "`ray.init` fails, with a traceback",
         _ray_folder,
         here_only=True,
-        checked="Ray's session folder: `RAY_TMPDIR`, else `TMPDIR`, else `/tmp` (not with `RAY_ADDRESS`)",
+        checked="Ray's session folder: `RAY_TMPDIR`, else `TMPDIR`, else `/tmp` (not with `RAY_ADDRESS`); "
+        "`ray_kwargs.ray_init.num_cpus`, `num_gpus` with `RAY_ADDRESS` or `ray_kwargs.ray_init.address`",
     ),
     Rule(
         "model_path",
@@ -1152,8 +1154,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "data_files",
         ("data.train_files", "data.val_files"),
-        "a local file that does not exist (paths with `scheme://` are left to verl)",
-        "`FileNotFoundError` inside a Ray traceback, no key named",
+        "null or an empty list (also `data.val_files` with validation off), a local file that does not exist "
+        "(paths with `scheme://` are left to verl)",
+        "`FileNotFoundError` inside a Ray traceback, no key named; verl builds its validation set even when it "
+        "never validates",
         _data_files,
         here_only=True,
     ),
@@ -1176,13 +1180,20 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "training_set",
-        ("data.train_batch_size", "trainer.total_training_steps", "trainer.total_epochs", "data.train_files"),
-        "more than the rows (no step at all); more steps than `total_epochs` epochs give",
-        "verl stops at the last epoch without a word",
+        (
+            "data.train_batch_size",
+            "data.train_max_samples",
+            "trainer.total_training_steps",
+            "trainer.total_epochs",
+            "data.train_files",
+        ),
+        "more than the rows, or than `data.train_max_samples` (no step at all); more steps than `total_epochs` "
+        "epochs give",
+        "verl ends the run with status 0 and no step, or stops at the last epoch, without a word",
         _training_set,
         here_only=True,
-        checked="`data.train_batch_size`, `trainer.total_training_steps` against the training parquet files' rows "
-        "(read from their footers)",
+        checked="`data.train_batch_size`, `data.train_max_samples`, `trainer.total_training_steps` against the "
+        "training parquet files' rows (read from their footers)",
     ),
     Rule(
         "gpu_layout",
