@@ -184,10 +184,14 @@ class _Lock:
             if not same:
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            record = {"pid": os.getpid(), "command": f"capo-verl {self.command}", "since": time.strftime("%FT%T%z")}
-            os.write(fd, (json.dumps(record) + "\n").encode())
             self.fd = fd
+            try:
+                os.ftruncate(fd, 0)
+                record = {"pid": os.getpid(), "command": f"capo-verl {self.command}", "since": time.strftime("%FT%T%z")}
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            except OSError:  # a full disk: the lock file is not left behind
+                self.release()
+                raise
             return
 
     def _holder(self) -> str:

@@ -469,3 +469,26 @@ def test_eval_score_killed_at_random_points_leaves_the_old_folder_or_the_new_one
     assert hits["while staging"] >= 1  # some kills landed while the new folder was being written
     _score(gens[0], out)  # the next run recovers what the kills left, and leaves nothing beside the folder
     assert tree(out) == expected[0] and leftovers(tmp_path) == []
+
+
+def test_a_full_disk_at_the_lock_leaves_no_lock_file_and_the_old_output(tmp_path, monkeypatch):
+    """The lock's PID record is the first byte a command writes: on a full disk that write fails, the command stops
+    with the OSError, and neither a 0-byte ``.capo-verl-lock.*`` nor a change to the old output is left."""
+    import errno
+
+    target = tmp_path / "report.json"
+    target.write_text("old")
+    real_write = os.write
+
+    def full(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"{outputs.LOCK_PREFIX}report.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(outputs.os, "write", full)
+    outs = Outputs("eval score")
+    outs.file("--out", target)
+    with pytest.raises(OSError) as info, outs.writing():
+        pass
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"] and target.read_text() == "old"
