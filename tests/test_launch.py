@@ -105,8 +105,8 @@ def test_a_signal_stops_every_process_of_the_run_and_removes_its_segments_only(s
 
 
 def test_the_resume_hint_names_the_last_checkpoint_only_when_one_exists(tmp_path):
-    from capo_verl.cpu.shm import checkpoint_note
     from capo_verl.cpu.launch import resume_hint
+    from capo_verl.cpu.shm import checkpoint_note
 
     ledger = str(tmp_path / "ledger")
     assert "no checkpoint was written" in resume_hint(ledger)  # no note: the trainer never started

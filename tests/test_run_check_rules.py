@@ -132,6 +132,8 @@ def files(tmp_path):
         "reward_model": [{"ground_truth": "2"}] * 3,
     }
     pq.write_table(pa.table(rows), tmp_path / "three.parquet")
+    rows["reward_model"] = [{"ground_truth": "2"}, {"ground_truth": ""}, {"ground_truth": "2"}]  # row 1: no gold
+    pq.write_table(pa.table(rows), tmp_path / "no_gold.parquet")
     from transformers import Qwen2Config
 
     Qwen2Config(max_position_embeddings=64).save_pretrained(tmp_path / "model")  # a config.json, no weights
@@ -182,6 +184,7 @@ OTHER = {
     "model_fits": ({"actor_rollout_ref__model__path": "{files}/model"}, Context(), "data.max_prompt_length="),
     "data_files": ({"data__train_files": "/nonexistent/train.parquet"}, Context(), "data.train_files="),
     "data_sets": ({"data__train_files": "{files}/data.csv"}, Context(), "data.train_files="),
+    "ground_truths": ({"data__train_files": "{files}/no_gold.parquet"}, Context(), "data.train_files="),
     "training_set": (
         {"data__train_files": "{files}/three.parquet", "data__train_batch_size": 4},
         Context(),

@@ -331,3 +331,31 @@ def test_ray_resources_typed_with_an_existing_cluster_are_refused_and_null_joins
         and "RAY_ADDRESS" in message
     )
     check(run_files, *capo, "ray_kwargs.ray_init.num_cpus=null", "+ray_kwargs.ray_init.num_gpus=null")
+
+
+CAPO_REWARD = (
+    "reward.custom_reward_function.path=pkg://capo_verl.reward",
+    "reward.custom_reward_function.name=compute_score",
+)
+
+
+@pytest.mark.parametrize("bad", [None, "", "nan"], ids=["None", "empty", "nan"])
+def test_a_ground_truth_the_reward_cannot_grade_is_refused_naming_its_row(run_files, capo, tmp_path, bad):
+    """One bad gold among 16 validation rows: refused at the start, naming the file and the row (the reward would
+    raise at the first batch that holds it, after the model and vLLM loaded); the same rows without it pass."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (train, val), ckpt = run_files
+    table = pq.read_table(val.split("=", 1)[1]).slice(0, 8)
+    rows = table.to_pylist() * 2
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), good)
+    check(((train, f"data.val_files={good}"), ckpt), *capo, *CAPO_REWARD)
+
+    rows[11] = {**rows[11], "reward_model": {**rows[11]["reward_model"], "ground_truth": bad}}
+    bad_file = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), bad_file)
+    with pytest.raises(ValueError) as info:
+        check(((train, f"data.val_files={bad_file}"), ckpt), *capo, *CAPO_REWARD)
+    assert str(info.value).startswith(f"data.val_files={bad_file}: row 11: reward_model.ground_truth="), info.value

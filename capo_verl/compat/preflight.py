@@ -647,3 +647,111 @@ def _data_sets(config, ctx) -> Refusal | None:
         if refusal is not None:
             return refusal
     return None
+
+
+# --- the ground truths, graded once by the run's reward function ---------------------------------------------------
+#: the response every distinct ground truth is graded against: a boxed operation, which capo-verl's reward scores 0
+#: without its math-verify workers (``capo_verl/reward.py``, point 3)
+DUMMY_RESPONSE = "The answer is \\boxed{1+1}."
+#: the most seconds the start spends grading ground truths; past it the rest are left to the run (a log line says so)
+GROUND_TRUTH_CAP_S = 30.0
+
+
+def _distinct_ground_truths(files: list[tuple[str, str]]) -> list[tuple[str, str, int, object, object, dict]]:
+    """``(key, file, row, data_source, ground_truth, extra_info)`` of the first row of each distinct
+    ``(data_source, ground_truth)`` of the parquet ``files`` (``(key, file)`` pairs), from the columns verl's reward
+    managers read."""
+    import pyarrow.parquet as pq
+
+    seen, out = set(), []
+    for data_key, path in files:
+        names = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=[c for c in ("data_source", "reward_model", "extra_info") if c in names])
+        columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        for row in range(table.num_rows):
+            source = columns.get("data_source", [None] * table.num_rows)[row]
+            model = columns.get("reward_model", [None] * table.num_rows)[row]
+            truth = model.get("ground_truth") if isinstance(model, dict) else None
+            key = (repr(source), repr(truth))
+            if key not in seen:
+                seen.add(key)
+                extra = columns.get("extra_info", [None] * table.num_rows)[row]
+                out.append((data_key, path, row, source, truth, extra if isinstance(extra, dict) else {}))
+    return out
+
+
+def _ground_truths(config, ctx) -> Refusal | None:
+    """Every distinct ground truth of the local parquet training and validation files, graded once by the run's
+    custom reward function (``reward.custom_reward_function``, loaded with verl's ``get_custom_reward_fn``) against
+    :data:`DUMMY_RESPONSE`, with the keywords verl's reward managers pass: one it raises on is refused, naming the
+    file, the row and the value. A score of 0 is not refused. At most :data:`GROUND_TRUTH_CAP_S` seconds (in a
+    thread: a function that hangs is left to the run, with a warning)."""
+    import threading
+
+    if not select(config, "reward.custom_reward_function.path") or select(
+        config, "reward.reward_manager.source"
+    ) not in (
+        "register",
+        MISSING,
+    ):
+        return None  # verl's default_compute_score (it may call a code sandbox), or a manager of the user's own
+    paths = []
+    for key in ("data.train_files", "data.val_files"):
+        found = [p for p in _paths(select(config, key)) if isinstance(p, str)]
+        if not all(_is_local(p) and p.endswith(".parquet") and os.path.isfile(p) for p in found):
+            continue  # remote, written by the launch script, or refused by data_files / data_sets
+        paths += [(key, p) for p in found]
+    if not paths:
+        return None
+    import inspect
+
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    try:
+        score = get_custom_reward_fn(config)
+    except Exception as exc:  # verl's loader: a missing file or function
+        return Refusal(
+            f"reward.custom_reward_function.path={format_value(select(config, 'reward.custom_reward_function.path'))}",
+            f"verl cannot load the reward function ({type(exc).__name__}: {exc})",
+            "point reward.custom_reward_function.path and .name at a file and a function in it",
+        )
+    if score is None or inspect.iscoroutinefunction(getattr(score, "args", [None])[0]):
+        return None
+    rows = _distinct_ground_truths(paths)
+    found: list = []
+
+    def grade_all():
+        for data_key, path, row, source, truth, extra in rows:
+            try:
+                score(
+                    data_source=source,
+                    solution_str=DUMMY_RESPONSE,
+                    ground_truth=truth,
+                    extra_info={**extra, "num_turns": None, "rollout_reward_scores": {}},
+                )
+            except Exception as exc:
+                found.append((data_key, path, row, truth, exc))
+                return
+            found.append(None)
+
+    worker = threading.Thread(target=grade_all, name="capo-verl-ground-truths", daemon=True)
+    worker.start()
+    worker.join(GROUND_TRUTH_CAP_S)
+    bad = next((f for f in found if f is not None), None)
+    if bad is not None:
+        data_key, path, row, truth, exc = bad
+        return Refusal(
+            f"{data_key}={path}",
+            f"row {row}: reward_model.ground_truth={truth!r}: the reward function raises on it ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]}), and the run would stop at the first batch that holds it",
+            "fix that row's ground_truth in the file (or drop the row)",
+        )
+    if worker.is_alive():
+        logger.warning(
+            "capo-verl: graded %d of %d distinct ground truths in %.0f s (the start's cap); the rest are graded when "
+            "the run reaches them",
+            len(found),
+            len(rows),
+            GROUND_TRUTH_CAP_S,
+        )
+    return None

@@ -692,9 +692,18 @@ def _preflight(name: str):
     return check
 
 
-_output_folders, _ray_folder, _model_path, _model_fits, _data_files, _data_sets, _training_set = map(
+_output_folders, _ray_folder, _model_path, _model_fits, _data_files, _data_sets, _ground_truths, _training_set = map(
     _preflight,
-    ("_output_folders", "_ray_folder", "_model_path", "_model_fits", "_data_files", "_data_sets", "_training_set"),
+    (
+        "_output_folders",
+        "_ray_folder",
+        "_model_path",
+        "_model_fits",
+        "_data_files",
+        "_data_sets",
+        "_ground_truths",
+        "_training_set",
+    ),
 )
 
 
@@ -1177,6 +1186,18 @@ RULES: tuple[Rule, ...] = (
         _data_sets,
         here_only=True,
         checked="`data.train_files`, `data.val_files`, read as verl's dataset reads them",
+    ),
+    Rule(
+        "ground_truths",
+        ("data.train_files", "data.val_files", "reward.custom_reward_function.path"),
+        "a ground truth on which the custom reward function raises, graded once per distinct (`data_source`, "
+        "`ground_truth`) of the local parquet files against a fixed response, for at most 30 s (a score of 0 is not "
+        "refused; the rest past the cap is left to the run, with a warning); a function verl cannot load",
+        "the run stops at the first batch that holds the row, after the model, vLLM and a rollout",
+        _ground_truths,
+        here_only=True,
+        checked="`reward_model.ground_truth` of the data files, by `reward.custom_reward_function` (loaded as verl "
+        "loads it; not with a reward manager of the user's own)",
     ),
     Rule(
         "training_set",
