@@ -137,6 +137,9 @@ def files(tmp_path):
     from transformers import Qwen2Config
 
     Qwen2Config(max_position_embeddings=64).save_pretrained(tmp_path / "model")  # a config.json, no weights
+    # terabytes of parameters (counted on the meta device): more than any disk has free for a checkpoint
+    huge = {"hidden_size": 65536, "intermediate_size": 262144, "num_attention_heads": 64, "num_key_value_heads": 8}
+    Qwen2Config(**huge, num_hidden_layers=4).save_pretrained(tmp_path / "huge")
     return tmp_path
 
 
@@ -176,6 +179,11 @@ OTHER = {
     ),
     "output_folders": ({"trainer__default_local_dir": "/dev/null/ckpt"}, Context(), "trainer.default_local_dir="),
     "ray_folder": ({}, Context(), "RAY_TMPDIR=/proc/capo-ray"),
+    "checkpoint_space": (
+        {"actor_rollout_ref__model__path": "{files}/huge", "trainer__default_local_dir": "{files}/ckpt"},
+        Context(),
+        "trainer.default_local_dir=",
+    ),
     "model_path": (
         {"actor_rollout_ref__model__path": "/nonexistent/model"},
         Context(),

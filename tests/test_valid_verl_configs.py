@@ -359,3 +359,34 @@ def test_a_ground_truth_the_reward_cannot_grade_is_refused_naming_its_row(run_fi
     with pytest.raises(ValueError) as info:
         check(((train, f"data.val_files={bad_file}"), ckpt), *capo, *CAPO_REWARD)
     assert str(info.value).startswith(f"data.val_files={bad_file}: row 11: reward_model.ground_truth="), info.value
+
+
+def test_a_checkpoint_folder_without_room_for_one_checkpoint_is_refused_and_room_passes(
+    run_files, capo, tmp_path, monkeypatch
+):
+    """A local model of 205,376 parameters (embedding 2048 x 64, tied; per layer q 64x64+64, k and v 64x32+32 each,
+    o 64x64, MLP 3 x 64x128, two norms of 64; a final norm of 64): a checkpoint of model and optimizer takes at
+    least 12 bytes each (2.5 MB). 1 MB free is refused, naming both sizes; 1 GB free passes."""
+    import shutil
+    from collections import namedtuple
+
+    from transformers import Qwen2Config
+
+    model = tmp_path / "model"
+    Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=2048, tie_word_embeddings=True,
+    ).save_pretrained(model)  # fmt: skip
+    from capo_verl.compat import preflight
+
+    usage = namedtuple("usage", "total used free")
+    cpu = (f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.tokenizer_path=null")
+    layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert preflight._parameters(None, str(model)) == 2048 * 64 + 2 * layer + 64 == 205_376
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 10**6))
+    with pytest.raises(ValueError) as info:
+        check(run_files, *capo, *cpu)
+    message = str(info.value)
+    assert message.startswith("trainer.default_local_dir=") and "0.00 GiB free" in message, message
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**9))
+    check(run_files, *capo, *cpu)

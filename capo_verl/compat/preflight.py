@@ -755,3 +755,63 @@ def _ground_truths(config, ctx) -> Refusal | None:
             GROUND_TRUTH_CAP_S,
         )
     return None
+
+
+# --- room for a checkpoint ---------------------------------------------------------------------------------------
+#: bytes per parameter of each ``actor.checkpoint.save_contents`` item, at the least: verl's FSDP checkpoint saves
+#: the fp32 parameters (``model``), AdamW's two fp32 moments (``optimizer``) and, with ``hf_model``, the weights in
+#: the model's own dtype (2 bytes for bf16, the least); ``extra`` (the scheduler and RNG states) is small
+CHECKPOINT_BYTES_PER_PARAM = {"model": 4, "optimizer": 8, "hf_model": 2}
+
+
+def _parameters(config, local: str) -> int:
+    """The actor model's parameters, counted on PyTorch's meta device from its ``config.json`` (nothing loaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf_config = _hf_config(config, local)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=_trust_remote_code(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def checkpoint_bytes(config) -> int | None:
+    """The least size of one checkpoint of the actor (:data:`CHECKPOINT_BYTES_PER_PARAM` for each item of
+    ``actor_rollout_ref.actor.checkpoint.save_contents``), in bytes; None when the model is not a local folder."""
+    local = _local_model_file(config, f"{_MODEL}.hf_config_path")
+    if local is None:
+        return None
+    contents = select(config, "actor_rollout_ref.actor.checkpoint.save_contents")
+    contents = list(contents) if contents not in (None, MISSING) else ["model", "optimizer", "extra"]
+    per_param = sum(CHECKPOINT_BYTES_PER_PARAM.get(str(item), 0) for item in contents)
+    return _parameters(config, local) * per_param if per_param else None
+
+
+def _checkpoint_space(config, ctx) -> Refusal | None:
+    """The free space where ``trainer.default_local_dir`` is (its first existing folder) holds one checkpoint of
+    the actor (:func:`checkpoint_bytes`): else verl trains until its first save, which then fails with an error
+    that does not say the disk is full, and the steps since the last checkpoint are lost."""
+    import shutil
+
+    folder = select(config, "trainer.default_local_dir")
+    if not isinstance(folder, str) or not _is_local(folder) or select(config, "trainer.val_only") is True:
+        return None
+    if _int_or_none(select(config, "trainer.save_freq")) in (None, 0):
+        return None
+    existing = os.path.abspath(os.path.expanduser(folder))
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    need = checkpoint_bytes(config)
+    if need is None:
+        return None
+    free = shutil.disk_usage(existing).free
+    if free >= need:
+        return None
+    gib = 1024**3
+    return Refusal(
+        f"trainer.default_local_dir={format_value(folder)}",
+        f"{free / gib:.2f} GiB free there, and one checkpoint of the actor takes at least {need / gib:.2f} GiB "
+        "(actor_rollout_ref.actor.checkpoint.save_contents, from the model's config.json): verl would train until its "
+        "first save and then fail without saying the disk is full",
+        "free space there, or set another trainer.default_local_dir on a disk with room",
+    )

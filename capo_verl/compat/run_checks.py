@@ -692,10 +692,21 @@ def _preflight(name: str):
     return check
 
 
-_output_folders, _ray_folder, _model_path, _model_fits, _data_files, _data_sets, _ground_truths, _training_set = map(
+(
+    _output_folders,
+    _checkpoint_space,
+    _ray_folder,
+    _model_path,
+    _model_fits,
+    _data_files,
+    _data_sets,
+    _ground_truths,
+    _training_set,
+) = map(
     _preflight,
     (
         "_output_folders",
+        "_checkpoint_space",
         "_ray_folder",
         "_model_path",
         "_model_fits",
@@ -1119,6 +1130,16 @@ RULES: tuple[Rule, ...] = (
         here_only=True,
         checked="`trainer.default_local_dir` (always), `trainer.validation_data_dir`, `trainer.rollout_data_dir` "
         "(when set)",
+    ),
+    Rule(
+        "checkpoint_space",
+        ("trainer.default_local_dir", "actor_rollout_ref.actor.checkpoint.save_contents"),
+        "less free space there than one checkpoint of the actor takes at the least (its parameters, counted from "
+        "a local model folder's `config.json`, times 4 bytes for `model`, 8 for `optimizer`, 2 for `hf_model`)",
+        "verl trains until its first save, which fails with `RuntimeError: basic_ios::clear: iostream error`, and "
+        "the steps since the last checkpoint are lost",
+        _checkpoint_space,
+        here_only=True,
     ),
     Rule(
         "ray_folder",
