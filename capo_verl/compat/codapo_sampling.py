@@ -66,11 +66,7 @@ def resample_config(config) -> CodapoConfig | None:
     """The run's :class:`CodapoConfig` if ``algorithm.codapo.resample`` is true, else None.
 
     Args:
-        config: the full trainer config (DictConfig or dict).
-
-    Raises:
-        ValueError: an invalid ``algorithm.codapo`` (:meth:`CodapoConfig.from_algorithm_config`; refused at the
-            start of a run, :func:`capo_verl.compat.methods.check_method_configs`).
+        config: the full trainer config (DictConfig or dict); ValueError for an invalid ``algorithm.codapo``.
     """
     cfg = CodapoConfig.from_algorithm_config(_get(config, "algorithm"))
     return cfg if cfg.resample else None

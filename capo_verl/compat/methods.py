@@ -15,11 +15,9 @@ repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook f
 - an ablation of ``configs/ablation/`` that changes a section the run's estimator does not read
   (:func:`check_ablation`), and a method key typed on the command line that the run does not read
   (:func:`check_typed_keys`);
-- the run's estimator's own start check (:attr:`~capo_verl.estimators.registry.EstimatorSpec.check_config`,
-  declared with it): ``algorithm.capo.ref_low`` > ``ref_high`` with the mask on
-  (:func:`~capo_verl.estimators.capo.check_mask_thresholds`), ``algorithm.cde.w_zero_after_step`` with
-  ``trainer.use_v1=false`` (the legacy trainer never hands the training step to the advantage step, so the
-  schedule would fail at the first update, after rollouts; :func:`~capo_verl.estimators.cde.check_schedule_trainer`);
+- the estimator's own check, declared with it (``EstimatorSpec.check_config``): CAPO's ``ref_low`` > ``ref_high``,
+  ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false`` (the legacy trainer never hands the training
+  step to the advantage step, so the schedule would fail at the first update, after rollouts);
 - ``actor_rollout_ref.actor.policy_loss.loss_mode=simko``: :func:`capo_verl.compat.simko.check_simko_setup`
   (SimKO's keys, ``top_k`` against a local model's vocabulary, setups the SimKO plumbing does not cover).
 - values read only later in the run (:func:`check_start_values`), each parsed by the function its use site
@@ -33,8 +31,7 @@ repository's ``scripts/_common.sh --dry-run``) first runs this check, one hook f
   :func:`capo_verl.cpu.defaults._patch_validate_config`.)
 
 - ``algorithm.adv_estimator`` not registered (:func:`check_estimator`, listing the registered names), a group
-  estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`, with the reason its declaration
-  gives, :attr:`~capo_verl.estimators.registry.EstimatorSpec.group_reason`);
+  estimator with ``actor_rollout_ref.rollout.n`` < 2 (:func:`check_group_size`);
 - the verl keys a run needs, read late or silently (:func:`capo_verl.compat.run_checks.check_run_config`:
   steps, epochs, save/test frequency, resume mode, data files, batch divisibility).
 
@@ -181,8 +178,7 @@ def check_group_size(config, name: str | None) -> None:
     n = select(config, "actor_rollout_ref.rollout.n")
     if n is MISSING or isinstance(n, int) and not isinstance(n, bool) and n >= 2:
         return
-    spec = ESTIMATORS.get(name)
-    why = spec.group_reason if spec is not None else None
+    why = getattr(ESTIMATORS.get(name), "group_reason", None)  # declared with the estimator; None: the generic one
     if why is None:
         why = (
             f"{name} compares each response with the other responses to its prompt; with one there are none, and "
@@ -310,12 +306,12 @@ def check_method_configs(config) -> None:
     """
     algorithm = _get(config, "algorithm")
     name = check_estimator(config)
-    used = ESTIMATORS[name].section if name in ESTIMATORS else None
+    spec = ESTIMATORS.get(name)
+    used = spec.section if spec is not None else None
     parsed = {}
     for section, cls in config_sections().items():
         if section == used or _get(algorithm, section) is not None:
             parsed[section] = cls.from_algorithm_config(algorithm)
-    spec = ESTIMATORS.get(name)
     if spec is not None and spec.check_config is not None:
         spec.check_config(config, parsed[used])
     check_group_size(config, name)

@@ -16,10 +16,8 @@ Two patches, in verl's TaskRunner (where the trainer runs):
    iterator's worker processes are stopped first (:func:`stop_dataloader_workers`).
 
 The block: the steps done and the time; validation accuracy and ``val-calib`` AUC-mean, first pass against last;
-the estimator's own numbers over the run (the means of the metrics its declaration names,
-:attr:`~capo_verl.estimators.registry.EstimatorSpec.summary_metrics`: for CAPO and grpo_mask the share of incorrect
-responses the noise mask drops, ``capo/mask_frac_incorrect``; every estimator: verl's clip fraction
-``actor/pg_clipfrac``); the last
+the estimator's own numbers over the run (its declared ``summary_metrics``: CAPO's and grpo_mask's noise-mask share,
+``capo/mask_frac_incorrect``; every estimator: verl's clip fraction ``actor/pg_clipfrac``); the last
 checkpoint and the exact command that resumes from it (only when a checkpoint exists); the metrics file (verl's
 ``file`` logger) and the curves.
 

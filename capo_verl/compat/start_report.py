@@ -9,12 +9,10 @@ record on the ``capo_verl`` logger:
   ``norm_adv_by_std_in_grpo``);
 - the KL term in the loss (``actor_rollout_ref.actor.use_kl_loss``, ``kl_loss_type``, ``kl_loss_coef``) and in the
   reward (``algorithm.use_kl_in_reward``, ``kl_penalty``, ``kl_ctrl.kl_coef``), on or off; with a KL loss and an
-  estimator whose recipe trains without it (CAPO's, declared with ``trains_without_kl``,
-  :class:`~capo_verl.estimators.registry.EstimatorSpec`), that and the key that turns it off;
+  estimator declared ``trains_without_kl`` (CAPO's recipe), that its recipe has none and the key that turns it off;
 - the reference pass (verl's ``need_reference_policy``, with capo-verl's gate);
-- with the noise mask on (an estimator whose section parses to :class:`~capo_verl.estimators.capo.CapoConfig`), the
-  model its thresholds were measured on (:func:`thresholds_warning`), logged again as a WARNING when it is not the
-  run's reference model;
+- with the noise mask on (a section parsed by ``CapoConfig``), the model its thresholds were measured on
+  (:func:`thresholds_warning`), logged again as a WARNING when it is not the run's reference model;
 - ``val-calib/*`` on or off and why (:func:`capo_verl.compat.validation.val_calib_mode`);
 - the dtypes verl uses: the rollout's, and the actor's and the reference model's parameters and compute dtype
   (:func:`dtype_line`).

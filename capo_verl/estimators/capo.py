@@ -203,54 +203,25 @@ def mask_keys_unread(cfg: CapoConfig) -> dict[str, tuple[str, str]]:
     return {"ref_high": unread, "ref_low": unread}
 
 
-def _override(config, key: str, value: str) -> str:
-    """The Hydra override setting the dotted ``key`` of the trainer ``config`` to ``value``: ``+key=value`` when the
-    composed config lacks the key (Hydra refuses a plain override of an absent key), as
-    :func:`capo_verl.compat.config_keys.override` writes it (that package is verl glue, not imported here)."""
-    node = config
-    for part in key.split("."):
-        if node is None or not hasattr(node, "get") or part not in node:
-            return f"+{key}={value}"
-        node = node.get(part)
-    return f"{key}={value}"
-
-
 def check_mask_thresholds(config, capo: CapoConfig) -> None:
-    """``algorithm.capo.ref_low`` <= ``ref_high`` when the noise mask is on; else ValueError with a fix (the start
-    check of every estimator reading ``algorithm.capo``, :attr:`~.registry.EstimatorSpec.check_config`).
-
-    Eq. 18 masks a correct response above ``ref_high`` and an incorrect one below ``ref_low``: lucky guesses are the
-    correct responses the reference finds unlikely, near-misses the incorrect ones it finds likely, so the paper's
-    window has ``ref_low`` < ``ref_high`` ([1.05, 2.5]). With ``ref_low`` above ``ref_high`` an incorrect response is
-    masked at perplexities where a correct one still counts as genuine; that reads as swapped thresholds.
-
-    Args:
-        config: the full trainer config (OmegaConf ``DictConfig`` or dict); read only to write the fix.
-        capo: its parsed ``algorithm.capo``.
-
-    Raises:
-        ValueError: ``ref_low`` > ``ref_high`` with ``use_mask``; one line naming ``algorithm.capo.ref_low``, both
-            values and an override that fixes it.
-    """
+    """The ``check_config`` of the estimators reading ``algorithm.capo``: ``ref_low`` <= ``ref_high`` when the noise
+    mask is on; else ValueError with a fix (``+`` where the trainer ``config`` lacks the key). Eq. 18 masks a correct
+    response above ``ref_high`` and an incorrect one below ``ref_low`` (lucky guesses, near-misses), so the paper's
+    window has ``ref_low`` < ``ref_high`` ([1.05, 2.5]); swapped, an incorrect response is masked at perplexities
+    where a correct one still counts as genuine."""
     if not capo.use_mask or capo.ref_low <= capo.ref_high:
         return
     low = min(CapoConfig.ref_low, capo.ref_high)
+    plus = "" if "ref_low" in ((config.get("algorithm") or {}).get("capo") or {}) else "+"
     raise ValueError(
         f"algorithm.capo.ref_low={capo.ref_low:g}: must be <= algorithm.capo.ref_high={capo.ref_high:g} (Eq. 18 "
         "masks incorrect responses below ref_low and correct ones above ref_high; with ref_low above ref_high the "
         "mask drops incorrect responses the reference finds less likely than correct ones it keeps); set "
-        f"{_override(config, 'algorithm.capo.ref_low', f'{low:g}')}, or swap the two values"
+        f"{plus}algorithm.capo.ref_low={low:g}, or swap the two values"
     )
 
 
-#: the run summary's line of the estimators with the noise mask (:attr:`~.registry.EstimatorSpec.summary_metrics`)
 MASK_SUMMARY = (("mask, share of incorrect responses dropped", "capo/mask_frac_incorrect"),)
-
-#: why ``actor_rollout_ref.rollout.n=1`` cannot train CAPO (:attr:`~.registry.EstimatorSpec.group_reason`)
-GROUP_REASON = (
-    "CAPO ranks each prompt's correct responses against its incorrect ones (Eq. 14); a group of one has no pair, so "
-    "every advantage would be 0 and nothing would be trained"
-)
 
 
 def capo_pairwise_advantages(
@@ -345,7 +316,8 @@ def _pairwise_advantages(lpm, correct, valid, gid, n_groups: int, tau: float, no
     needs_reference_policy=uses_noise_mask,
     unread_keys=mask_keys_unread,
     check_config=check_mask_thresholds,
-    group_reason=GROUP_REASON,
+    group_reason="CAPO ranks each prompt's correct responses against its incorrect ones (Eq. 14); a group of one "
+    "has no pair, so every advantage would be 0 and nothing would be trained",
     trains_without_kl=True,
     summary_metrics=MASK_SUMMARY,
 )

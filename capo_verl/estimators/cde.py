@@ -59,14 +59,7 @@ from capo_verl.estimators.common import (
 )
 from capo_verl.estimators.registry import register_estimator
 
-__all__ = [
-    "CdeConfig",
-    "cde_advantages",
-    "cde_bonus_weight",
-    "cde_shaped_rewards",
-    "check_schedule_trainer",
-    "compute_cde_outcome_advantage",
-]
+__all__ = ["CdeConfig", "cde_bonus_weight", "cde_shaped_rewards", "cde_advantages", "compute_cde_outcome_advantage"]
 
 
 @dataclass(frozen=True)
@@ -112,22 +105,9 @@ class CdeConfig:
 
 
 def check_schedule_trainer(config, cde: CdeConfig) -> None:
-    """The bonus schedule (``algorithm.cde.w_zero_after_step``) needs verl's v1 trainer: with
-    ``trainer.use_v1=false`` the legacy trainer (``verl/trainer/ppo/ray_trainer.py``) never passes the training step
-    to the advantage estimator, so the schedule would fail at the first update, after the rollouts (CDE's start
-    check, :attr:`~capo_verl.estimators.registry.EstimatorSpec.check_config`).
-
-    Args:
-        config: the full trainer config (OmegaConf ``DictConfig`` or dict); ``trainer.use_v1`` is read.
-        cde: its parsed ``algorithm.cde``.
-
-    Raises:
-        ValueError: a schedule with ``trainer.use_v1=false``; one line naming ``algorithm.cde.w_zero_after_step``
-            and both fixes.
-    """
-    trainer = config.get("trainer", None) if hasattr(config, "get") else None
-    use_v1 = trainer.get("use_v1", None) if hasattr(trainer, "get") else None
-    if cde.w_zero_after_step is not None and use_v1 is False:
+    """CDE's ``check_config``: ValueError naming ``algorithm.cde.w_zero_after_step`` with ``trainer.use_v1=false``,
+    whose trainer (``verl/trainer/ppo/ray_trainer.py``) never passes the training step: the schedule would fail."""
+    if cde.w_zero_after_step is not None and (config.get("trainer") or {}).get("use_v1") is False:
         raise ValueError(
             f"algorithm.cde.w_zero_after_step={cde.w_zero_after_step} (the bonus schedule) needs verl's v1 trainer "
             "(with trainer.use_v1=false the legacy trainer does not pass the training step to the advantage "

@@ -301,7 +301,7 @@ def _codapo_advantages(scores, lpm, correct, gid, n_groups: int, norm_by_std=Tru
     batch_keys=("old_log_probs", "rollout_log_probs"),
     section="codapo",
     config_class=CodapoConfig,
-    resamples=True,  # its per-question weights (pop_question_weights) choose the resampled questions
+    resamples=True,
 )
 def compute_codapo_outcome_advantage(
     token_level_rewards: torch.Tensor,

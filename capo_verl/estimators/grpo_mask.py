@@ -9,13 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from capo_verl.estimators.capo import (
-    MASK_SUMMARY,
-    CapoConfig,
-    check_mask_thresholds,
-    mask_keys_unread,
-    uses_noise_mask,
-)
+from capo_verl.estimators.capo import MASK_SUMMARY, CapoConfig, check_mask_thresholds, mask_keys_unread, uses_noise_mask
 from capo_verl.estimators.common import (
     _grpo_group_advantages,
     noise_mask,

@@ -7,10 +7,8 @@ verl glue (:mod:`capo_verl.compat.advantage`) subscribes with :func:`on_declare`
 with verl's ``register_adv_est``, through one wrapper that fills in the declared batch keys; its config section is
 checked in verl's ``validate_config`` (:mod:`capo_verl.compat.methods`). Adding an estimator is one decorated
 function, in a module of :mod:`capo_verl.estimators` or in any module imported in every process of the run
-(verl's ``VERL_USE_EXTERNAL_MODULES=<module>``), declared before or after verl is imported. What the rest of
-capo-verl knows of a method (its start check, why it needs groups, its KL recipe, its summary lines, CoDaPO's
-resampling) is read off its :class:`EstimatorSpec`: no module outside :mod:`capo_verl.estimators` names an estimator
-(``tests/test_method_declared_once.py``)::
+(verl's ``VERL_USE_EXTERNAL_MODULES=<module>``), declared before or after verl is imported. The rest of capo-verl
+reads a method off its :class:`EstimatorSpec`, never its name (``tests/test_method_declared_once.py``)::
 
     @register_estimator("my_adv", batch_keys=("old_log_probs",), section="my_adv", config_class=MyConfig)
     def compute_my_adv(token_level_rewards, response_mask, index=None, config=None, old_log_probs=None, **kwargs):
@@ -43,20 +41,12 @@ class EstimatorSpec:
         unread_keys: ``f(section_config) -> {key: (why, fix)}``: the keys of its section it does not read under that
             parsed config (CAPO's thresholds with the mask off), each with the reason and another way to make the
             key count; a key typed for it is refused at the start. None: it reads every key of its section.
-        check_config: ``f(trainer_config, section_config) -> None``, run at the start of a run (verl's
-            ``validate_config``, :func:`capo_verl.compat.methods.check_method_configs`) with the full trainer config
-            and its parsed section; it raises ValueError, one line naming the key, the value and the fix, for a
-            setup the estimator cannot run (CAPO's swapped mask thresholds, CDE's step schedule on the legacy
-            trainer). None: nothing beyond parsing the section.
-        group_reason: why a group of one response per prompt (``actor_rollout_ref.rollout.n=1``) cannot train it,
-            the clause of that refusal; None: the generic reason (no other response to compare with, verl's group
-            statistics fall back to mean 0 and std 1).
-        trains_without_kl: its recipe trains without a KL term: the start report says so, with the key that turns
-            the KL loss off, when ``actor_rollout_ref.actor.use_kl_loss`` is on.
-        summary_metrics: ``((label, metric_key), ...)``: the per-step metrics it logs that the run summary reports
-            (mean over the steps), each as ``<name> <label> (<metric_key>): <mean>``.
-        resamples: it leaves per-question weights for CoDaPO's resampling (``algorithm.codapo.resample``;
-            :mod:`capo_verl.compat.codapo_sampling`), which is refused with any estimator that does not.
+        check_config: ``f(trainer_config, section_config)``, run by the start checks (``check_method_configs``);
+            raises ValueError, one line naming the key and the fix, for a setup it cannot run; or None.
+        group_reason: why ``actor_rollout_ref.rollout.n=1`` cannot train it; None: the generic reason.
+        trains_without_kl: its recipe has no KL loss (the start report names the key when one is on).
+        summary_metrics: ``((label, metric_key), ...)`` whose means the run summary prints.
+        resamples: it leaves the per-question weights of CoDaPO's resampling (``algorithm.codapo.resample``).
     """
 
     name: str
@@ -117,12 +107,7 @@ def register_estimator(
         needs_training_step: ``fn`` takes ``global_step=`` (verl's ``trainer.global_steps``).
         unread_keys: ``f(section_config) -> {key: (why, fix)}``, the keys of ``section`` that ``fn`` does not read
             under that config (:attr:`EstimatorSpec.unread_keys`); None when it reads them all.
-        check_config: ``f(trainer_config, section_config)`` raising ValueError for a setup ``fn`` cannot run
-            (:attr:`EstimatorSpec.check_config`).
-        group_reason: the reason a group of one response cannot train ``fn``; None: the generic one.
-        trains_without_kl: its recipe trains without a KL term (the start report names the key).
-        summary_metrics: ``(label, metric_key)`` pairs the run summary reports.
-        resamples: ``fn`` leaves per-question weights for CoDaPO's resampling.
+        check_config, group_reason, trains_without_kl, summary_metrics, resamples: :class:`EstimatorSpec`'s.
 
     Raises:
         ValueError: ``name`` is already declared by another function, or ``section`` is already parsed by another
@@ -130,21 +115,9 @@ def register_estimator(
     """
 
     def decorator(fn):
-        spec = EstimatorSpec(
-            name=name,
-            fn=fn,
-            batch_keys=tuple(batch_keys),
-            section=section,
-            config_class=config_class,
-            needs_reference_policy=needs_reference_policy,
-            needs_training_step=needs_training_step,
-            unread_keys=unread_keys,
-            check_config=check_config,
-            group_reason=group_reason,
-            trains_without_kl=trains_without_kl,
-            summary_metrics=tuple((str(label), str(key)) for label, key in summary_metrics),
-            resamples=resamples,
-        )
+        spec = EstimatorSpec(name, fn, tuple(batch_keys), section, config_class, needs_reference_policy,
+                             needs_training_step, unread_keys, check_config, group_reason, trains_without_kl,
+                             tuple(map(tuple, summary_metrics)), resamples)  # fmt: skip
         known = ESTIMATORS.get(name)
         if known is not None and known.fn is not fn:
             raise ValueError(f"estimator {name!r} is already declared by {known.fn.__module__}.{known.fn.__qualname__}")
