@@ -1,4 +1,4 @@
-"""Evaluation metrics of capo_verl.metrics: hand-computed cases, scikit-learn, brute force."""
+"""Evaluation metrics of capo_verl.evaluation.metrics: hand-computed cases, scikit-learn, brute force."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 
 # ------------------------------------------------------------------------------------------- mean@k, AUC
 

@@ -26,9 +26,9 @@ measure is per question; entropy has one value per seed, so its bootstrap resamp
   :mod:`capo_verl.compare.teacher_forced`). Every run shares the step-0 scores, so the difference at a step is also
   the difference of the changes from step 0;
 - held-out unbiased pass@k (k = 1, 2, 4, ... up to the samples per problem; pass@1 is mean@k) of the final
-  checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.metrics.per_group_pass_at_k`);
+  checkpoints, per question, from ``eval_generations.jsonl`` (:func:`capo_verl.evaluation.metrics.per_group_pass_at_k`);
   beside them, not among the plan's endpoints, the held-out AUC-mean of lpm vs correctness and the accuracy of
-  perplexity-consistency inference-time scaling (paper Algorithm 1, :func:`capo_verl.metrics.its_credit`);
+  perplexity-consistency inference-time scaling (paper Algorithm 1, :func:`capo_verl.evaluation.metrics.its_credit`);
 - ``actor/entropy``, the mean over the last :data:`ENTROPY_LAST_STEPS` logged steps (or the plan's
   ``entropy_last_steps``), one value per seed;
 - the share of steps whose ``actor/grad_norm`` exceeded the run's ``actor.grad_clip``, one value per seed;
@@ -351,13 +351,13 @@ def heldout_values(out: Path, methods: list[str], seeds: list[int]) -> dict | No
     pass@k (``"values": {method: {k: (S, Q) float64}}``, k = 1, 2, 4, ...), the ROC-AUC of lpm against correctness
     (``"auc"``: ``{method: (S, Q)}``, NaN for a question that is not mixed) and the credit of perplexity-consistency
     inference-time scaling (``"its"``: ``{method: (S, Q)}`` in [0, 1], paper Algorithm 1,
-    :func:`capo_verl.metrics.its_credit`). None unless every run has its ``eval_generations.jsonl``.
+    :func:`capo_verl.evaluation.metrics.its_credit`). None unless every run has its ``eval_generations.jsonl``.
 
     Raises:
         ValueError: the runs evaluated different questions.
     """
+    from capo_verl.evaluation.metrics import its_credit, per_group_auc, per_group_pass_at_k
     from capo_verl.evaluation.teacher_forced import question_keys
-    from capo_verl.metrics import its_credit, per_group_auc, per_group_pass_at_k
 
     files = {(k, m): stored(out / f"seed{k}" / m / "eval_generations.jsonl") for k in seeds for m in methods}
     if not all(f.exists() for f in files.values()):

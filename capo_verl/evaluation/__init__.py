@@ -8,7 +8,7 @@
    source and over all, written to ``metrics.json`` and ``report.md``, with plots
    (:mod:`capo_verl.evaluation.plots`). Several labelled generation files are compared side by side.
 
-The metric functions themselves live in :mod:`capo_verl.metrics`.
+The metric functions live in :mod:`capo_verl.evaluation.metrics` (the per-question AUC in :mod:`capo_verl.metrics`).
 """
 
 #: Fields of a generation line, in the order ``capo-verl eval generate`` writes them (``token_ids`` follows with

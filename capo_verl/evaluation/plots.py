@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 
 _MARKERS = "osD^vP<>Xph*"
 

@@ -14,7 +14,7 @@
   non-empty folder unless told to (``overwrite=True``, ``--overwrite``), so a user's ``report.md`` is never replaced.
 
 Every metric is computed from a response's ``lpm`` (confidence, nats) and ``correct``; see
-:mod:`capo_verl.metrics` for the definitions and sources.
+:mod:`capo_verl.evaluation.metrics` for the definitions and sources.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from capo_verl import inputs
-from capo_verl import metrics as M
 from capo_verl.evaluation import REQUIRED_FIELDS
+from capo_verl.evaluation import metrics as M
 from capo_verl.stored import open_binary, stored
 
 #: marks a folder that ``capo-verl eval score`` made (:func:`check_out_dir`)

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from capo_verl import inputs
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 from capo_verl.stored import open_binary, stored
 
 logger = logging.getLogger("capo_verl.evaluation")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 from capo_verl.compare.report import dump_lines, read_validation_pass
 
 RUNS = Path(__file__).resolve().parents[1] / "compare_cpu"

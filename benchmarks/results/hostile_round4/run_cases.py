@@ -284,7 +284,7 @@ import numpy as np, torch
 from omegaconf import OmegaConf
 from capo_verl.estimators import *
 from capo_verl.estimators.common import grpo_group_advantages
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 bs, L = 4, 3
 R = torch.zeros(bs, L); R[0, -1] = 1; R[2, -1] = 1
 MASK = torch.ones(bs, L); IDX = np.array(['a', 'a', 'b', 'b'], dtype=object)
