@@ -71,8 +71,9 @@ def _assert_nothing_left(run, before, ledger, other_segment):
 
 def test_ctrl_c_stops_the_run_and_it_resumes_from_its_last_checkpoint(start_verl, segments, tmp_path):
     """Ctrl-C once a checkpoint is written: the run is gone within 30 s, nothing left; the same run resumed with
-    ``trainer.resume_mode=auto`` trains the remaining steps only, from the checkpoint. A step of the tiny model takes
-    under a second on a fast CPU, so the run has steps enough that the signal lands before its last one."""
+    ``trainer.resume_mode=auto`` for one more step trains that step only, from the checkpoint. A step of the tiny
+    model takes under a second on a fast CPU, so the run has steps enough that the signal lands before its last
+    one."""
     steps = 20
     common = [
         "algorithm.adv_estimator=grpo",
@@ -93,13 +94,14 @@ def test_ctrl_c_stops_the_run_and_it_resumes_from_its_last_checkpoint(start_verl
     assert 1 <= last < steps, run.tail()  # stopped part way, with the checkpoints written so far
     assert (ckpt / f"global_step_{last}").is_dir()
 
+    # resumed for one more step: it trains only the step after the last checkpoint
+    again = [*common[:1], f"trainer.total_training_steps={last + 1}", *common[2:]]
     resumed = start_verl(
-        tmp_path / "resumed", [*common, f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=auto"]
+        tmp_path / "resumed", [*again, f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=auto"]
     ).finish()
     resumed.assert_ok()
-    # no step trained twice: the resumed run starts after the last checkpoint and ends at total_training_steps
-    assert sorted(resumed.steps) == list(range(last + 1, steps + 1)), sorted(resumed.steps)
-    assert _tracker(ckpt) == steps
+    assert sorted(resumed.steps) == [last + 1], sorted(resumed.steps)  # no step trained twice
+    assert _tracker(ckpt) == last + 1
     assert resumed.shm_left == []
 
 
@@ -114,43 +116,14 @@ def test_sigterm_stops_the_run_with_nothing_left(start_verl, segments, tmp_path)
     _assert_nothing_left(run, before, ledger, other)
 
 
-def test_from_its_last_checkpoint_verl_validates_only_with_val_only(run_verl, tmp_path):
-    """A run stopped after its last step's checkpoint, before the validation after that step: with
-    ``trainer.val_only=true trainer.val_before_train=true``, as ``capo-verl compare`` resumes such a run
-    (``capo_verl/compare/running.py``), verl 0.9.1 validates the loaded step and trains nothing; resumed as it is,
-    it trains nothing and logs nothing, so the validation after the last step would be missing."""
-    ckpt = tmp_path / "ckpt"
-    common = [
-        "algorithm.adv_estimator=grpo",
-        "trainer.total_training_steps=1",
-        "trainer.save_freq=1",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        f"trainer.default_local_dir={ckpt}",
-        "trainer.resume_mode=auto",
-    ]
-    first = run_verl(tmp_path / "first", common)
-    first.assert_ok()
-    assert sorted(first.steps) == [1] and _tracker(ckpt) == 1
-
-    validated = run_verl(tmp_path / "val_only", [*common, "trainer.val_only=true", "trainer.val_before_train=true"])
-    validated.assert_ok()
-    assert list(validated.steps) == [1], validated.steps  # the loaded step's validation, logged at that step
-    assert any(k.startswith("val-core/") for k in validated.steps[1])
-    assert not any(k.startswith(("actor/", "timing_s/")) for k in validated.steps[1])
-    assert _tracker(ckpt) == 1
-
-    again = run_verl(tmp_path / "again", common)
-    again.assert_ok()
-    assert again.steps == {}  # no step past the last, and no validation
-    assert _tracker(ckpt) == 1
-
-
-def test_a_resumed_run_keeps_every_steps_metrics_and_the_same_command_again_is_refused(run_verl, tmp_path):
+def test_a_resumed_run_keeps_every_steps_metrics_refuses_a_rerun_and_validates_only_with_val_only(run_verl, tmp_path):
     """A 1-step run resumed to 2 steps in the same folder: the metrics file holds steps 1 and 2 (verl's file logger
     alone would hold step 2 only), the summary counts both, the curves are drawn. Before that, the first command run
     again (``trainer.resume_mode=disable``) is refused at the start, naming the folder and both choices, and leaves
-    the checkpoint of step 1 as it was."""
+    the checkpoint of step 1 as it was. After it, the run stopped after its last step's checkpoint is validated with
+    ``trainer.val_only=true trainer.val_before_train=true``, as ``capo-verl compare`` resumes such a run
+    (``capo_verl/compare/running.py``): verl 0.9.1 validates the loaded step and trains nothing (resumed as it is,
+    it would train nothing and log nothing, so the validation after the last step would be missing)."""
     work = tmp_path / "run"
     ckpt = work / "ckpt"
     common = ["algorithm.adv_estimator=grpo", "trainer.save_freq=1", "trainer.test_freq=-1"]
@@ -172,3 +145,20 @@ def test_a_resumed_run_keeps_every_steps_metrics_and_the_same_command_again_is_r
     assert "timing_s/step" in resumed.steps[1] and "timing_s/step" in resumed.steps[2]
     assert "steps: 2 of 2 (1 in this run, resumed from the checkpoint of step 1)" in resumed.log, resumed.tail()
     assert (ckpt / "curves.png").stat().st_size > 0 and _tracker(ckpt) == 2
+
+    validated = run_verl(
+        tmp_path / "val_only",
+        [
+            *common,
+            "trainer.total_training_steps=2",
+            f"trainer.default_local_dir={ckpt}",
+            "trainer.resume_mode=auto",
+            "trainer.val_only=true",
+            "trainer.val_before_train=true",
+        ],
+    )
+    validated.assert_ok()
+    assert list(validated.steps) == [2], validated.steps  # the loaded step's validation, logged at that step
+    assert any(k.startswith("val-core/") for k in validated.steps[2])
+    assert not any(k.startswith(("actor/", "timing_s/")) for k in validated.steps[2])
+    assert _tracker(ckpt) == 2
