@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -53,6 +54,8 @@ def test_the_summary_gives_first_and_last_validation_the_estimators_numbers_and_
     assert lines["steps"] == "2 of 2 in 12 s"
     assert "0.2500 (step 0) -> 0.5000 (step 2)" in lines["validation accuracy"]
     assert "0.5000 (step 0) -> 0.7500 (step 2)" in lines["val-calib AUC-mean"]
+    for line in (lines["validation accuracy"], lines["val-calib AUC-mean"]):  # counts not logged: not judged
+        assert "not logged" in line and "too few" not in line
     mask = next(v for k, v in lines.items() if k.startswith("capo mask, share of incorrect"))
     assert mask.startswith("0.2000 over 2 steps")
     assert lines["clip fraction (actor/pg_clipfrac)"].startswith("0.0100 over 2 steps")
@@ -67,6 +70,44 @@ def test_the_summary_gives_first_and_last_validation_the_estimators_numbers_and_
     assert lines["resume"] == "python -m verl.trainer.main_ppo a=1 trainer.resume_mode=auto"
     lines = block_lines(run_summary.summary(config(tmp_path, ("console",)), 1.0, 2, None))
     assert lines["metrics file"].startswith("none")
+
+
+@pytest.mark.parametrize(("questions", "mixed", "few_acc", "few_auc"), [(16, 2, True, True), (580, 300, False, False)])
+def test_each_change_names_the_questions_it_rests_on_and_says_when_they_are_too_few(
+    questions, mixed, few_acc, few_auc, monkeypatch, tmp_path
+):
+    counts = {"val-calib/openai/gsm8k/n_questions": questions, "val-calib/openai/gsm8k/n_mixed": mixed}
+    rows = [
+        (0, {"val-core/openai/gsm8k/acc/mean@4": 0.1, "val-calib/openai/gsm8k/auc_mean": 0.5, **counts}),
+        (6, {"val-core/openai/gsm8k/acc/mean@4": 0.03, "val-calib/openai/gsm8k/auc_mean": 1.0, **counts}),
+    ]
+    rows[0][1]["val-calib/openai/gsm8k/n_mixed"] = mixed - 1
+    monkeypatch.setattr(run_summary, "HISTORY", rows)
+    lines = block_lines(run_summary.summary(config(tmp_path), 1.0, 6, None))
+    accuracy, auc = lines["validation accuracy"], lines["val-calib AUC-mean"]
+    assert f"{questions} questions" in accuracy and f"{mixed - 1} -> {mixed} mixed" in auc and f"of {questions}" in auc
+    assert ("too few" in accuracy, "too few" in auc) == (few_acc, few_auc)
+    assert (run_summary.LONGER_RUN in accuracy, run_summary.LONGER_RUN in auc) == (few_acc, few_auc)
+    assert (Path(__file__).parents[1] / run_summary.LONGER_RUN).is_file()
+    assert run_summary.MIN_QUESTIONS > questions if few_acc else run_summary.MIN_QUESTIONS <= questions
+
+
+def test_the_validation_logs_the_counts_the_summary_reads():
+    from capo_verl.compat.validation import LPM_KEY, validation_calibration_metrics
+
+    # q1 mixed, q2 all correct, q3's only incorrect answer has no lpm (not mixed), source b one question
+    acc = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    lpm = [-1.0, -2.0, -1.0, -1.0, -1.0, None, -1.0]
+    sources, uids = ["a/x"] * 6 + ["b"], ["q1", "q1", "q2", "q2", "q3", "q3", "q4"]
+    m = validation_calibration_metrics(sources, uids, {"acc": acc, LPM_KEY: lpm})
+    assert (m["val-calib/a/x/n_questions"], m["val-calib/a/x/n_mixed"]) == (3, 1)
+    assert (m["val-calib/b/n_questions"], m["val-calib/b/n_mixed"]) == (1, 0)
+
+
+def test_the_summarys_mixed_question_floor_is_compares():
+    from capo_verl.compare.statistics import MIN_MIXED_QUESTIONS
+
+    assert run_summary.MIN_MIXED == MIN_MIXED_QUESTIONS
 
 
 def test_the_curves_png_has_its_panels(history, tmp_path):

@@ -16,6 +16,8 @@ the reward's ``reward_extra_info`` of each response. Two patches carry the confi
        val-calib/<ds>/auc_mean            mean over questions with both outcomes of the per-question ROC-AUC
                                           of lpm against correctness (left out when no question is mixed)
        val-calib/<ds>/mixed_group_frac    fraction of questions with both outcomes
+       val-calib/<ds>/n_questions         number of questions / of mixed questions (what the end-of-run summary,
+       val-calib/<ds>/n_mixed             capo_verl.compat.run_summary, says each change rests on)
        val-calib/<ds>/lpm_correct_mean    mean lpm of correct / incorrect responses
        val-calib/<ds>/lpm_incorrect_mean
 
@@ -147,6 +149,9 @@ def validation_calibration_metrics(data_sources, sample_uids, reward_extra_infos
         valid = has_lpm[sel] & has_outcome[sel]
         part = capo_step_metrics(lpm[sel], correct[sel], uids[sel], valid, prefix=f"{PREFIX}/{source}/")
         metrics.update(part)
+        ids, ok = uids[sel][valid], correct[sel][valid]
+        metrics[f"{PREFIX}/{source}/n_questions"] = float(len(set(uids[sel])))
+        metrics[f"{PREFIX}/{source}/n_mixed"] = float(len(set(ids[ok]) & set(ids[~ok])))
         missing = float((~has_lpm[sel]).mean())
         if missing > 0:
             metrics[f"{PREFIX}/{source}/lpm_missing_frac"] = missing
