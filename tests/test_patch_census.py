@@ -23,12 +23,14 @@ import pytest
 COMPAT_DOC = Path(__file__).resolve().parents[1] / "docs" / "compat.md"
 
 #: Installed on every host: the batch-aware estimators' glue and the reference-pass gate, CoDaSampling, val-calib,
-#: SimKO's loss and top-K, the config check, the estimators' registration.
+#: SimKO's loss and top-K, the config check, the estimators' registration, the checkpoint stamp.
 METHOD_PATCHES = [
     "capo_verl.compat.advantage._patch_compute_advantage",
     "capo_verl.compat.advantage._patch_need_reference_policy",
     "capo_verl.compat.advantage._patch_v1_trainer",
     "capo_verl.compat.advantage._register_declared",
+    "capo_verl.compat.checkpoint_stamp._stamp_legacy_saves",
+    "capo_verl.compat.checkpoint_stamp._stamp_v1_saves",
     "capo_verl.compat.codapo_sampling._patch_legacy_trainer",
     "capo_verl.compat.codapo_sampling._patch_trainer",
     "capo_verl.compat.methods._patch_validate_config",
@@ -172,7 +174,16 @@ def test_census_with_verl_platform_nvidia_leaves_the_cpu_port_out_on_a_host_with
 
 def test_census_lists_name_the_declared_patches_of_each_room():
     from capo_verl import compat
-    from capo_verl.compat import advantage, attention, codapo_sampling, methods, ray_wait, simko, validation  # noqa: F401
+    from capo_verl.compat import (  # noqa: F401
+        advantage,
+        attention,
+        checkpoint_stamp,
+        codapo_sampling,
+        methods,
+        ray_wait,
+        simko,
+        validation,
+    )
     from capo_verl.cpu import defaults, platform, quiet, shm, vllm_cpu  # noqa: F401  declare the CPU port's
 
     declared = set(compat.PATCHES) - {"capo_verl.compat._refuse_validate_config"}  # only after a failed install

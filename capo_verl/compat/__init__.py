@@ -120,8 +120,9 @@ def install() -> None:
     try:
         check_verl_version()
         from . import advantage, attention, codapo_sampling, host, methods, ray_wait, run_summary, simko, validation
+        from . import checkpoint_stamp as stamps
 
-        for part in (advantage, codapo_sampling, validation, simko, run_summary, ray_wait):
+        for part in (advantage, codapo_sampling, validation, simko, run_summary, ray_wait, stamps):
             part.install()
         methods.hook_validate_config()
         if host.cpu_port_needed():

@@ -23,10 +23,18 @@ A step folder is whole when it holds what verl loads: ``actor/`` with, for every
 ``extra_state_...``), and ``data.pt``, the training data loader's place (without it verl logs a warning and
 starts the data from its beginning, so the resumed run trains on the same prompts again). A resume that is fine is
 logged in one line naming the step.
+
+The step a run will resume from (``auto``'s tracked step, ``resume_path``'s folder), when whole and stamped
+(:data:`STAMP`, written at each save by :mod:`capo_verl.compat.checkpoint_stamp`), is refused when this run's
+:func:`run_identity` differs from the stamp's: another ``algorithm.adv_estimator`` or policy loss mode (two methods
+in one run folder), or another model architecture (``config.json``'s :data:`ARCH_FIELDS`, compared where both sides
+have them; verl would fail on shapes after the model loaded). A step without a stamp (saved before it) is not
+refused.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -39,6 +47,35 @@ TRACKER = "latest_checkpointed_iteration.txt"
 STEP_FOLDER = re.compile(r"global_step_(\d+)")
 #: ``actor.checkpoint.load_contents`` item -> the per-rank file FSDPCheckpointManager loads
 SHARD_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
+#: what a step folder was saved by: :func:`run_identity` as JSON
+STAMP = "capo_verl.json"
+#: the keys of the method a step was trained with
+METHOD_KEYS = ("algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode")
+#: the fields of the model's ``config.json`` that name its architecture
+ARCH_FIELDS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def run_identity(config) -> dict:
+    """What :data:`STAMP` records of a run: ``{key: value}`` of :data:`METHOD_KEYS` and ``MODEL_KEY`` (None where the
+    config lacks one), and ``"model"``: :data:`ARCH_FIELDS` of the model's ``config.json`` when the model path is a
+    local folder that has one (``{}`` for a hub id).
+
+    Raises:
+        OSError, ValueError: the local ``config.json`` cannot be read or is not JSON.
+    """
+    from capo_verl.compat.config_keys import MISSING, select
+
+    found = {key: select(config, key) for key in (*METHOD_KEYS, MODEL_KEY)}
+    found = {key: None if value is MISSING else value for key, value in found.items()}
+    path = found[MODEL_KEY]
+    model = os.path.join(os.path.expanduser(path), "config.json") if isinstance(path, str) else ""
+    arch = {}
+    if os.path.isfile(model):
+        with open(model) as f:
+            arch = json.load(f)
+    found["model"] = {k: arch[k] for k in ARCH_FIELDS if isinstance(arch, dict) and k in arch}
+    return found
 
 
 def step_folders(folder: str) -> dict[int, str]:
@@ -160,6 +197,40 @@ def _disable_refusal(config, folder: str):
     )
 
 
+def stamp_problem(config, step_folder: str) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``step_folder``'s :data:`STAMP` names another method or model than this run's
+    (module docstring), or None (also when it has no stamp). The fix: the stamp's value, to go on with it, or
+    another ``trainer.default_local_dir`` for a new run."""
+    from capo_verl.compat.config_keys import format_value, override
+
+    path = os.path.join(step_folder, STAMP)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        now = run_identity(config)
+    except (OSError, ValueError) as exc:
+        name = f"{os.path.basename(step_folder)}/{STAMP}"
+        return f"{name} or the model's config.json cannot be read ({exc})", f"remove {path} to resume unchecked"
+    saved = saved if isinstance(saved, dict) else {}
+    new = override(config, "trainer.default_local_dir", os.path.dirname(step_folder) + "_new")
+    elsewhere = f"or another trainer.default_local_dir (e.g. {new}) for a new run"
+    for key in METHOD_KEYS:
+        if key in saved and saved[key] != now[key]:
+            problem = f"was saved with {key}={format_value(saved[key])}, not {format_value(now[key])}"
+            return problem, f"set {override(config, key, saved[key])} to go on with it, {elsewhere}"
+    arch = saved.get("model") if isinstance(saved.get("model"), dict) else {}
+    for field in ARCH_FIELDS:
+        if field in arch and field in now["model"] and arch[field] != now["model"][field]:
+            problem = (
+                f"was saved from a model with {field}={format_value(arch[field])} ({saved.get(MODEL_KEY)}), and "
+                f"{MODEL_KEY}={now[MODEL_KEY]} has {format_value(now['model'][field])}"
+            )
+            return problem, f"set {override(config, MODEL_KEY, saved.get(MODEL_KEY))} to go on with it, {elsewhere}"
+    return None
+
+
 def _auto_refusal(config, folder: str):
     from capo_verl.compat.config_keys import Refusal, format_value
 
@@ -200,6 +271,9 @@ def _auto_refusal(config, folder: str):
     problem = step_problem(config, path)
     if problem:
         return Refusal(subject, f"global_step_{step}, its last checkpoint, {problem}", _choices(config, folder, step))
+    mismatch = stamp_problem(config, path)
+    if mismatch:
+        return Refusal(subject, f"global_step_{step}, its last checkpoint, {mismatch[0]}", mismatch[1])
     logger.info("capo-verl: resuming from %s (step %d)", path, step)
     return None
 
@@ -225,6 +299,9 @@ def _resume_path_refusal(config):
         folder = os.path.dirname(full)
         step = int(STEP_FOLDER.fullmatch(os.path.basename(full)).group(1))
         return Refusal(subject, f"{os.path.basename(full)} {problem}", _choices(config, folder, step))
+    mismatch = stamp_problem(config, full)
+    if mismatch:
+        return Refusal(subject, f"{os.path.basename(full)} {mismatch[0]}", mismatch[1])
     logger.info("capo-verl: resuming from %s", full)
     return None
 
@@ -235,7 +312,8 @@ def resume_refusal(config, ctx):
     Args:
         config: the composed trainer config (OmegaConf ``DictConfig``); reads ``trainer.resume_mode``,
             ``trainer.default_local_dir``, ``trainer.resume_from_path``, ``trainer.nnodes``,
-            ``trainer.n_gpus_per_node`` and ``actor_rollout_ref.actor.checkpoint.load_contents``.
+            ``trainer.n_gpus_per_node``, ``actor_rollout_ref.actor.checkpoint.load_contents`` and, against a stamped
+            step (:func:`stamp_problem`), :data:`METHOD_KEYS` and ``actor_rollout_ref.model.path``.
         ctx: the start checks' :class:`capo_verl.compat.run_checks.Context` (not read).
 
     Returns:
