@@ -59,6 +59,8 @@ PATCHED_MODULES = {
     "capo_verl.compat.advantage._patch_need_reference_policy": "verl.trainer.ppo.utils",
     "capo_verl.compat.advantage._patch_v1_trainer": "verl.trainer.ppo.v1.trainer_base",
     "capo_verl.compat.advantage._register_declared": "verl.trainer.ppo.core_algos",
+    "capo_verl.compat.checkpoint_stamp._stamp_legacy_saves": "verl.trainer.ppo.ray_trainer",
+    "capo_verl.compat.checkpoint_stamp._stamp_v1_saves": "verl.trainer.ppo.v1.trainer_base",
     "capo_verl.compat.codapo_sampling._patch_legacy_trainer": "verl.trainer.ppo.ray_trainer",
     "capo_verl.compat.codapo_sampling._patch_trainer": "verl.trainer.ppo.v1.trainer_base",
     "capo_verl.compat.methods._patch_validate_config": "verl.utils.config",
@@ -94,6 +96,7 @@ PATCHED_MODULES = {
 def test_every_patch_is_declared_with_the_module_it_changes():
     from capo_verl.compat import (  # noqa: F401
         advantage,
+        checkpoint_stamp,
         codapo_sampling,
         methods,
         ray_wait,
