@@ -200,16 +200,20 @@ def check_ablation(config, name: str | None) -> None:
     is not checked.
 
     A key the ablation stands for (``capo_run.sets``) typed on the command line as well is refused:
-    ``ablation=tau0.4 algorithm.capo.tau=0.9`` named the run ``..._tau0.4`` and trained tau 0.9.
+    ``ablation=tau0.4 algorithm.capo.tau=0.9`` named the run ``..._tau0.4`` and trained tau 0.9. So is a typed
+    ``algorithm.adv_estimator`` other than ``capo_run.method``, where that names an estimator (not GSPO, SimKO), without
+    a typed ``trainer.experiment_name``: the CAPO recipe with ``algorithm.adv_estimator=grpo`` trained GRPO as capo_...
 
     Raises:
         ValueError: the estimator ``name`` does not read ``algorithm.<changes>``; the message names the ablation, the
-            section, the estimators that read it and a fix. Or a typed override of a key in ``capo_run.sets``.
+            section, the estimators that read it and a fix. Or a typed override of a key in ``capo_run.sets``, or of
+            the recipe's estimator (naming the method, the run name and both fixes).
     """
     run = _get(config, "capo_run")
     ablation = _get(run, "ablation")
     stands_for = set(_get(run, "sets") or ())
-    for arg in _typed_overrides():
+    typed = _typed_overrides()
+    for arg in typed:
         key = arg.partition("=")[0].lstrip("+")
         if key in stands_for:
             raise ValueError(
@@ -217,6 +221,15 @@ def check_ablation(config, name: str | None) -> None:
                 f"capo_run.tag={_get(run, 'tag')}), so the run would train another value under the ablation's name; "
                 f"remove {arg} from the command line, or drop ablation={ablation} and type the keys you want"
             )
+    keys, method = {a.partition("=")[0].lstrip("+") for a in typed}, _get(run, "method")
+    renamed = "trainer.experiment_name" in keys
+    if "algorithm.adv_estimator" in keys and not renamed and name != method and method in registered_estimators():
+        run_name = _get(_get(config, "trainer"), "experiment_name")
+        raise ValueError(
+            f"algorithm.adv_estimator={name}: the {method} recipe (capo_run.method={method}) would train {name} as "
+            f"{run_name}; run the recipe of {name} (bash scripts/run_{name}_qwen2.5_math_{_get(run, 'model_size')}.sh"
+            f", where there is one), or also set trainer.experiment_name={run_name}_{name}"
+        )
     changes = _get(run, "changes")
     if changes is None or name is None:
         return

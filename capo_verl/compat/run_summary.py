@@ -15,9 +15,8 @@ Two patches, in verl's TaskRunner (where the trainer runs):
    line, and the run's exit status stays verl's. A failed run prints neither. Either way the training-data
    iterator's worker processes are stopped first (:func:`stop_dataloader_workers`).
 
-The block: the steps done and the time; validation accuracy and ``val-calib`` AUC-mean, first pass against last, each
-with the questions it rests on (``val-calib/<ds>/n_questions``, ``n_mixed``) and, under :data:`MIN_QUESTIONS` or
-:data:`MIN_MIXED` of them, "too few to mean anything" and the page of a longer run (:data:`LONGER_RUN`);
+The block: the steps done and the time; validation accuracy and ``val-calib`` AUC-mean, first pass against last, with
+the questions (mixed questions) each rests on, "too few" under :data:`MIN_QUESTIONS` (:data:`MIN_MIXED`);
 the estimator's own numbers over the run (its declared ``summary_metrics``: CAPO's and grpo_mask's noise-mask share,
 ``capo/mask_frac_incorrect``; every estimator: verl's clip fraction ``actor/pg_clipfrac``); the last
 checkpoint and the exact command that resumes from it (only when a checkpoint exists); the metrics file (verl's
@@ -59,11 +58,9 @@ CURVES = (
     ("capo/mask_frac_incorrect", "share of incorrect the mask drops", "share"),
     ("actor/grad_norm", "grad norm (actor/grad_norm)", "norm"),
 )
-#: accuracy over fewer validation questions is called too few: its standard error, up to 0.5/sqrt(n), is then over
-#: 0.05, so a change of several points between two passes can be sampling alone
+#: a validation accuracy over fewer questions is "too few": its standard error, up to 0.5/sqrt(n), is over 0.05
 MIN_QUESTIONS = 100
-#: AUC-mean over fewer mixed questions is called too few, as ``capo-verl compare`` does
-#: (capo_verl.compare.statistics.MIN_MIXED_QUESTIONS, which a GPU node does not load): one question moves it
+#: an AUC-mean over fewer mixed questions is "too few", as in capo-verl compare (compare.statistics: not loaded here)
 MIN_MIXED = 20
 #: the page of a run long enough to read such changes from (in capo-verl's repository)
 LONGER_RUN = "docs/results/main.md"
@@ -110,12 +107,9 @@ def series(key: str) -> dict[str, tuple[list[int], list[float]]]:
     return found
 
 
-def _count(name: str, what: str, step: int) -> int | None:
-    """``val-calib/<ds>/<what>`` (``n_questions``, ``n_mixed``) logged at ``step`` for the data source of the
-    ``val-core/<ds>/.../mean@k`` or ``val-calib/<ds>/auc_mean`` metric ``name``; None when not logged."""
-    source = name.split("/", 1)[1].rsplit("/", 1 if name.startswith("val-calib/") else 2)[0]
-    xs, ys = series(f"val-calib/{source}/{what}").get(f"val-calib/{source}/{what}", ([], []))
-    return dict(zip(xs, map(int, ys))).get(step)
+def _at(metric: str, step: int) -> int | None:
+    """``metric`` as logged at ``step`` (:data:`HISTORY`), or None."""
+    return next((int(data[metric]) for s, data in HISTORY if s == step and metric in data), None)
 
 
 def _first_last(key: str) -> str:
@@ -125,18 +119,17 @@ def _first_last(key: str) -> str:
     if not lines:
         return "not logged"
     parts = []
-    for name, (xs, ys) in sorted(lines.items()):
-        n, unit, floor = _count(name, "n_questions", xs[-1]), "questions", MIN_QUESTIONS
-        counts = f"on {n} questions"
+    for name, (xs, ys) in sorted(lines.items()):  # val-core/<ds>/acc/mean@k, val-calib/<ds>/auc_mean
+        ds = "val-calib/" + name.split("/", 1)[1].rsplit("/", 1 if key == "val-calib/" else 2)[0]
+        n, first, last = _at(f"{ds}/n_questions", xs[-1]), _at(f"{ds}/n_mixed", xs[0]), _at(f"{ds}/n_mixed", xs[-1])
+        counts, fewest, floor, unit = f"on {n} questions", n, MIN_QUESTIONS, "questions"
         if key == "val-calib/":
-            first, last = _count(name, "n_mixed", xs[0]), _count(name, "n_mixed", xs[-1])
-            counts = f"on {first} -> {last} mixed questions of {n}"
-            n, unit, floor = None if None in (first, last) else min(first, last), "mixed questions", MIN_MIXED
-        if n is None:
-            counts = f"(the number of {unit} is not logged: val-calib/<data source>/n_*)"
-        few = f": too few to mean anything (under {floor} {unit}); a longer run: {LONGER_RUN}"
+            counts, floor, unit = f"on {first} -> {last} mixed questions of {n}", MIN_MIXED, "mixed questions"
+            fewest = None if None in (first, last) else min(first, last)
+        if fewest is None or fewest < floor:
+            few = f": too few to mean anything (under {floor} {unit}); a longer run: {LONGER_RUN}"
+            counts = f"(the number of {unit} is not logged: {ds}/n_*)" if fewest is None else counts + few
         parts.append(f"{name}: {ys[0]:.4f} (step {xs[0]}) -> {ys[-1]:.4f} (step {xs[-1]}) {counts}")
-        parts[-1] += few if n is not None and n < floor else ""
     return "; ".join(parts)
 
 

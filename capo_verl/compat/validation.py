@@ -2,16 +2,15 @@
 
 verl 0.9.1's validation (``verl/trainer/ppo/v1/trainer_base.py::PPOTrainer._validate``; legacy
 ``verl/trainer/ppo/ray_trainer.py::RayPPOTrainer._validate``) logs accuracy per data source
-(``val-core/<data_source>/acc/mean@16``) but drops the rollout's log-probs: it only reads ``rm_scores`` and
-the reward's ``reward_extra_info`` of each response. Two patches carry the confidence through:
+(``val-core/<data_source>/acc/mean@16``) but drops the rollout's log-probs: it only reads ``rm_scores`` and the reward's
+``reward_extra_info`` of each response. Two patches carry the confidence through:
 
-1. ``verl/experimental/agent_loop/agent_loop.py::AgentLoopWorker._compute_score`` (the agent-loop worker,
-   v1 and legacy): after verl scores a response, add its ``lpm`` -- the mean of ``response_logprobs``
-   (the rollout's log-probs, ``rollout.calculate_log_probs``) over the response mask, in nats -- to the
-   response's ``extra_fields["reward_extra_info"]``, the dict ``_validate`` collects per response.
-2. ``_val_metrics_update`` of both trainers (called by ``_validate`` with the per-response lists): take
-   ``lpm`` out before verl's own statistics, then add per data source, from
-   :func:`capo_verl.metrics.capo_step_metrics`::
+1. ``verl/experimental/agent_loop/agent_loop.py::AgentLoopWorker._compute_score`` (the agent-loop worker, v1 and
+   legacy): after verl scores a response, add its ``lpm`` -- the mean of ``response_logprobs`` (the rollout's log-probs,
+   ``rollout.calculate_log_probs``) over the response mask, in nats -- to the response's
+   ``extra_fields["reward_extra_info"]``, the dict ``_validate`` collects per response.
+2. ``_val_metrics_update`` of both trainers (called by ``_validate`` with the per-response lists): take ``lpm`` out
+   before verl's own statistics, then add per data source, from :func:`capo_verl.metrics.capo_step_metrics`::
 
        val-calib/<ds>/auc_mean            mean over questions with both outcomes of the per-question ROC-AUC
                                           of lpm against correctness (left out when no question is mixed)
@@ -27,13 +26,12 @@ the reward's ``reward_extra_info`` of each response. Two patches carry the confi
 Installing capo-verl must not break a verl run that uses none of its estimators, so step 2 has three modes,
 chosen by ``trainer.val_calib`` (:func:`val_calib_mode`):
 
-- absent, ``null`` or ``auto`` (the default; verl's own configs lack the key): the metrics are added when the
-  responses carry ``lpm``. When none does (``actor_rollout_ref.rollout.calculate_log_probs=false``, or a
-  colocated reward model that scores outside the agent loop) they are skipped with one
-  warning (``capo_verl`` logger) per process, i.e. per run, and the run goes on as without capo-verl. The same
-  holds for any error computing them. If ``algorithm.adv_estimator`` is one of capo-verl's estimators (capo,
-  grpo_mask, codapo, cde: those declared with :func:`capo_verl.estimators.registry.register_estimator`),
-  auto means required.
+- absent, ``null`` or ``auto`` (the default; verl's own configs lack the key): the metrics are added when the responses
+  carry ``lpm``. When none does (``actor_rollout_ref.rollout.calculate_log_probs=false``, or a colocated reward model
+  that scores outside the agent loop) they are skipped with one warning (``capo_verl`` logger) per process, i.e. per
+  run, and the run goes on as without capo-verl. The same holds for any error computing them. If
+  ``algorithm.adv_estimator`` is one of capo-verl's estimators (capo, grpo_mask, codapo, cde: those declared with
+  :func:`capo_verl.estimators.registry.register_estimator`), auto means required.
 - ``true``: required. A validation pass in which no response has ``lpm`` raises RuntimeError naming the fix.
 - ``false``: off; verl's metrics only.
 
