@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_verl.evaluation import metrics as M
 from capo_verl.compare.report import dump_lines, read_validation_pass
+from capo_verl.evaluation import metrics as M
 
 RUNS = Path(__file__).resolve().parents[1] / "compare_cpu"
 METHODS = ("grpo", "capo", "grpo_mask", "gspo")
