@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from capo_verl import metrics as M
+from capo_verl.evaluation import metrics as M
 from capo_verl.metrics import auc_mean, per_group_auc
 
 

@@ -227,12 +227,12 @@ def _data_files(config, ctx) -> Refusal | None:
         fix = f"point {key} at existing parquet files" + (
             f", e.g. {key}={earlier} (the value this command had before)" if usable else ""
         )
-        if value is None or value is MISSING or not _paths(value):
+        if value is None:  # an empty list: the data_sets rule's
             return Refusal(
-                f"{key}={format_value(value)}",
+                f"{key}=null",
                 "verl's trainer builds its data set from it (the validation set even when it never validates) and "
                 "fails in its TaskRunner, after Ray started",
-                fix,
+                f"set {key}=<existing parquet files>" + (f", e.g. {key}={earlier}" if usable else ""),
             )
         for path in _paths(value):
             if not isinstance(path, str) or not path:
